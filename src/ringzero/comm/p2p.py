@@ -1,0 +1,111 @@
+"""The point-to-point layer every algorithm is written against.
+
+An algorithm sees a `Comm`: its group rank and size, `exchange` (post sends and receives of 1-D
+buffers, wait later), `reduce` (in-place elementwise op), `copy` and `empty`. `TorchComm` runs it on
+`torch.distributed` point-to-point; `ringzero.comm.explain` runs the very same algorithm code on
+symbolic buffers to print who sends what to whom. Nothing else in an algorithm touches torch.
+
+Deadlock freedom: all sends and receives of one step are posted together before any is waited on.
+On NCCL they go through `batch_isend_irecv` (one NCCL group), because separately issued NCCL
+send/recv calls serialise on the stream and a ring of them deadlocks (seen at 4 and 8 ranks). Gloo's
+`isend`/`irecv` are truly asynchronous, so there they are posted directly (cheaper per message).
+Messages between one pair of ranks are matched in posting order, so every algorithm posts them in
+the same order on both sides. Zero-length messages are never sent; both sides skip them because
+both know the chunk sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .meter import active_entries
+from .ops import Op, reducer
+
+
+class Pending:
+    """Posted messages; `wait()` blocks until all have completed."""
+
+    __slots__ = ("_works",)
+
+    def __init__(self, works) -> None:
+        self._works = works
+
+    def wait(self) -> None:
+        for w in self._works:
+            w.wait()
+        self._works = ()
+
+
+class TorchComm:
+    """One collective call's view of a process group over `torch.distributed`."""
+
+    def __init__(self, group, dtype: torch.dtype, device: torch.device, op: Op, key: str,
+                 ranks_per_node: int | None = None) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.dtype, self.device = dtype, device
+        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.ranks_per_node = ranks_per_node
+        self._reduce = reducer(op)
+        self._global = dist.get_process_group_ranks(group) if group is not None else None
+        self._batched = dist.get_backend(group) == "nccl"
+        self._meters = active_entries(key)
+        for rec in self._meters:
+            rec.calls += 1
+
+    def _peer(self, r: int) -> int:
+        if not 0 <= r < self.size or r == self.rank:
+            raise RuntimeError(f"internal: rank {self.rank} addressed peer {r} in a group of {self.size}")
+        return self._global[r] if self._global is not None else r
+
+    def empty(self, n: int) -> torch.Tensor:
+        return torch.empty(n, dtype=self.dtype, device=self.device)
+
+    def exchange(self, sends: Sequence[tuple[int, torch.Tensor]] = (),
+                 recvs: Sequence[tuple[int, torch.Tensor]] = (), new_round: bool = True) -> Pending:
+        """Post `sends` [(peer, buf)] and `recvs` [(peer, buf)] at once; return a handle to wait on."""
+        sends = [(p, b) for p, b in sends if b.numel()]
+        recvs = [(p, b) for p, b in recvs if b.numel()]
+        if not sends and not recvs:
+            return Pending(())
+        self._count(sends, recvs, new_round)
+        if self._batched:
+            ops = [dist.P2POp(dist.isend, b, self._peer(p), group=self.group) for p, b in sends]
+            ops += [dist.P2POp(dist.irecv, b, self._peer(p), group=self.group) for p, b in recvs]
+            return Pending(dist.batch_isend_irecv(ops))
+        works = [dist.isend(b, self._peer(p), group=self.group) for p, b in sends]
+        works += [dist.irecv(b, self._peer(p), group=self.group) for p, b in recvs]
+        return Pending(works)
+
+    def sendrecv(self, sends=(), recvs=(), new_round: bool = True) -> None:
+        """`exchange(...).wait()`: one blocking step."""
+        self.exchange(sends, recvs, new_round).wait()
+
+    def reduce(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """dst = op(dst, src), elementwise and in place."""
+        if dst.numel():
+            self._reduce(dst, src)
+            nbytes = dst.numel() * self.itemsize
+            for rec in self._meters:
+                rec.bytes_reduced += nbytes
+
+    @staticmethod
+    def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+        if dst.numel():
+            dst.copy_(src)
+
+    def _count(self, sends, recvs, new_round: bool) -> None:
+        if not self._meters:
+            return
+        sent = sum(b.numel() for _, b in sends) * self.itemsize
+        recv = sum(b.numel() for _, b in recvs) * self.itemsize
+        for rec in self._meters:
+            rec.bytes_sent += sent
+            rec.bytes_recv += recv
+            rec.messages_sent += len(sends)
+            rec.messages_recv += len(recvs)
+            rec.rounds += 1 if new_round else 0

@@ -1,0 +1,168 @@
+"""Exact traffic of every collective algorithm, per rank: the analytic twin of the traffic meter.
+
+`volume(call, rank)` returns what rank `rank` sends, receives and reduces, in how many messages and
+rounds, when the collective `call.collective` runs with `call.algorithm`. The formulas live in
+`ringzero.plan.volumes.<algorithm file>` next to nothing else, mirror the files in
+`ringzero.comm.algorithms`, and are checked against the meter byte for byte in the tests.
+
+Conventions (the same as `ringzero.comm`): a buffer is cut into `n` chunks whose element counts are
+`call.sizes` (`chunks.chunk_sizes(count, n)` for all-reduce, reduce and broadcast; one chunk per rank
+for all-gather, reduce-scatter, gather and scatter); zero-length messages are never sent; a round
+is an algorithm step in which the rank sends or receives at least one message.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+from .chunks import SEGMENT_BYTES, chunk_sizes
+
+# (collective, algorithm) -> module under ringzero.plan.volumes (the function is named after the collective)
+MODULES: dict[tuple[str, str], str] = {
+    ("all_reduce", "naive"): "naive", ("all_reduce", "ring"): "ring", ("all_reduce", "tree"): "tree",
+    ("all_reduce", "butterfly"): "butterfly", ("all_reduce", "rabenseifner"): "rabenseifner",
+    ("all_reduce", "hierarchical"): "hierarchical",
+    ("all_gather", "ring"): "ring", ("all_gather", "recursive_doubling"): "butterfly",
+    ("all_gather", "naive"): "naive",
+    ("reduce_scatter", "ring"): "ring", ("reduce_scatter", "recursive_halving"): "rabenseifner",
+    ("reduce_scatter", "naive"): "naive",
+    ("broadcast", "naive"): "naive", ("broadcast", "tree"): "tree",
+    ("broadcast", "scatter_allgather"): "scatter_allgather",
+    ("reduce", "naive"): "naive", ("reduce", "tree"): "tree",
+    ("gather", "naive"): "naive", ("gather", "tree"): "tree",
+    ("scatter", "naive"): "naive", ("scatter", "tree"): "tree",
+    ("all_to_all", "pairwise"): "pairwise", ("all_to_all", "naive"): "naive",
+}
+
+ROOTED = ("reduce", "broadcast", "gather", "scatter")
+WHOLE_BUFFER = ("all_reduce", "reduce", "broadcast")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Call:
+    """One collective call as the planner sees it."""
+
+    collective: str
+    algorithm: str
+    n: int
+    """Ranks in the group."""
+    sizes: tuple[int, ...] = ()
+    """Chunk element counts (length n). Empty for all_to_all, which uses `matrix`."""
+    itemsize: int = 4
+    """Bytes per element."""
+    root: int = 0
+    """Root rank of reduce, broadcast, gather and scatter."""
+    ranks_per_node: int | None = None
+    """Ranks per node for `hierarchical` (None: one node)."""
+    matrix: tuple[tuple[int, ...], ...] = ()
+    """all_to_all: matrix[i][j] = elements rank i sends to rank j."""
+    segment_bytes: int = SEGMENT_BYTES
+    """Pipelining segment of the ring algorithms."""
+
+    @property
+    def count(self) -> int:
+        return sum(self.sizes) if self.sizes else sum(map(sum, self.matrix))
+
+    @property
+    def segment_elems(self) -> int:
+        return max(1, self.segment_bytes // self.itemsize)
+
+    @property
+    def node_size(self) -> int:
+        k = self.ranks_per_node or self.n
+        return max(1, min(k, self.n))
+
+
+def call_for(collective: str, algorithm: str, n: int, count: int, itemsize: int = 4, root: int = 0,
+             ranks_per_node: int | None = None) -> Call:
+    """The Call that `ringzero.comm` makes for a buffer of `count` elements.
+
+    `count` is the whole buffer: the tensor for all-reduce/reduce/broadcast, the n-chunk output of
+    all-gather/gather, the n-chunk input of reduce-scatter/scatter, and all of one rank's
+    all-to-all input (split evenly, every rank sending count/n... as `chunk_sizes` cuts it).
+    """
+    if collective == "all_to_all":
+        row = tuple(chunk_sizes(count, n))
+        return Call(collective=collective, algorithm=algorithm, n=n, itemsize=itemsize,
+                    matrix=tuple(row for _ in range(n)))
+    if collective in WHOLE_BUFFER:
+        sizes = tuple(chunk_sizes(count, n))
+    else:
+        if count % n:
+            raise ValueError(f"{collective} on {n} ranks needs a count divisible by {n}, got {count}")
+        sizes = (count // n,) * n
+    return Call(collective=collective, algorithm=algorithm, n=n, sizes=sizes, itemsize=itemsize,
+                root=root, ranks_per_node=ranks_per_node)
+
+
+@dataclass(frozen=True)
+class Volume:
+    """One rank's traffic for one call (fields as in `ringzero.comm.Traffic`, minus `calls`)."""
+
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages_sent: int = 0
+    messages_recv: int = 0
+    rounds: int = 0
+    bytes_reduced: int = 0
+
+    def __add__(self, other: "Volume") -> "Volume":
+        return Volume(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+
+    def astuple(self) -> tuple[int, ...]:
+        return (self.bytes_sent, self.bytes_recv, self.messages_sent, self.messages_recv,
+                self.rounds, self.bytes_reduced)
+
+
+@dataclass
+class Tally:
+    """Accumulates a rank's volume step by step, in elements (the formulas' scratch pad)."""
+
+    itemsize: int
+    sent: int = 0
+    recv: int = 0
+    msgs_sent: int = 0
+    msgs_recv: int = 0
+    rounds: int = 0
+    reduced: int = 0
+    _in_round: bool = field(default=False, repr=False)
+
+    def step(self, send: list[int] = (), recv: list[int] = (), reduce: int = 0, segment: int = 0) -> None:
+        """One algorithm step: messages of these element counts (empty ones are skipped).
+
+        With `segment > 0` each message is cut into ceil(size/segment) pieces, as the ring does.
+        """
+        from .chunks import n_segments
+        s = [x for x in send if x > 0]
+        r = [x for x in recv if x > 0]
+        if not s and not r:
+            return
+        self.rounds += 1
+        self.sent += sum(s)
+        self.recv += sum(r)
+        self.msgs_sent += sum(n_segments(x, segment) for x in s) if segment else len(s)
+        self.msgs_recv += sum(n_segments(x, segment) for x in r) if segment else len(r)
+        self.reduced += reduce
+
+    def volume(self) -> Volume:
+        k = self.itemsize
+        return Volume(self.sent * k, self.recv * k, self.msgs_sent, self.msgs_recv, self.rounds, self.reduced * k)
+
+
+def volume(call: Call, rank: int) -> Volume:
+    """Rank `rank`'s traffic for `call` (exact, in bytes)."""
+    key = (call.collective, call.algorithm)
+    if key not in MODULES:
+        raise ValueError(f"no volume formula for {call.collective} with algorithm {call.algorithm!r}")
+    if not 0 <= rank < call.n:
+        raise ValueError(f"rank {rank} is not in a group of {call.n}")
+    if call.n == 1 or call.count == 0:
+        return Volume()
+    module = importlib.import_module(f"ringzero.plan.volumes.{MODULES[key]}")
+    return getattr(module, call.collective)(call, rank)
+
+
+def volumes(call: Call) -> list[Volume]:
+    """Every rank's traffic for `call`."""
+    return [volume(call, r) for r in range(call.n)]
