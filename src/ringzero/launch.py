@@ -133,9 +133,33 @@ def collect(procs, results, nproc: int, timeout: float, ranks=None) -> list:
                 raise RankError(f"timed out after {timeout:.0f}s; ranks {pending} had not finished")
             continue
         if status == "err":
-            raise RankError(f"rank {rank} failed: {_first_line(value)}\n{value}", rank=rank)
+            raise _root_cause(procs, results, ranks, out, rank, value)
         out[rank] = value
     return [out[r] for r in ranks]
+
+
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def _root_cause(procs, results, ranks, out, rank, value, grace: float = 1.0) -> RankError:
+    """The error to report: a rank that died outranks its peers' lost-connection errors."""
+    errors = {rank: value}
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            status, r, v = results.get(timeout=0.05)
+            if status == "err":
+                errors.setdefault(r, v)
+        except queue.Empty:
+            pass
+    dead = [r for r in ranks if r not in out and r not in errors and not procs[r].is_alive()
+            and procs[r].exitcode not in (0, None)]
+    if dead:
+        r = dead[0]
+        return RankError(f"rank {r} died (exit code {procs[r].exitcode}) without a result", rank=r)
+    own = [r for r, v in sorted(errors.items()) if not any(p in v for p in _PEER_LOST)]
+    r = own[0] if own else min(errors)
+    return RankError(f"rank {r} failed: {_first_line(errors[r])}\n{errors[r]}", rank=r)
 
 
 def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S):

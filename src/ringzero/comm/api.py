@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..plan.chunks import bounds_from_sizes, chunk_bounds
-from . import check, registry, select
+from . import backend, check, registry, select
 from .config import get_config
 from .meter import active_entries
 from .ops import Op, check_dtype, parse_op, torch_op
@@ -75,13 +75,13 @@ def all_reduce(tensor, op=SUM, group=None, algorithm="auto"):
     if prep is None or tensor.numel() == 0:
         return
     n, _, algorithm = prep
+    flat = _flat(tensor)
     if algorithm == "torch":
-        _torch_call("all_reduce", dist.all_reduce, tensor, op=torch_op(op), group=group)
+        _torch_call("all_reduce", dist.all_reduce, flat, op=torch_op(op), group=group)
     else:
-        flat = _flat(tensor)
         registry.resolve("all_reduce", algorithm)(_comm("all_reduce", algorithm, group, flat, op),
                                                  flat, chunk_bounds(flat.numel(), n))
-        _copy_back(tensor, flat)
+    _copy_back(tensor, flat)
     _avg(tensor, op, n)
 
 
@@ -91,17 +91,17 @@ def reduce(tensor, dst, op=SUM, group=None, algorithm="auto"):
     if prep is None or tensor.numel() == 0:
         return
     n, rank, algorithm = prep
+    # Non-root ranks work on a copy: algorithms accumulate into their buffer, and a caller's input
+    # on a non-root rank is left as it was.
+    flat = _flat(tensor) if rank == dst else tensor.reshape(-1).clone()
     if algorithm == "torch":
         gdst = dist.get_global_rank(group, dst) if group is not None else dst
-        _torch_call("reduce", dist.reduce, tensor, gdst, op=torch_op(op), group=group)
+        _torch_call("reduce", dist.reduce, flat, gdst, op=torch_op(op), group=group)
     else:
-        # Non-root ranks work on a copy: the algorithm accumulates into its buffer, and a caller's
-        # input on a non-root rank is left as it was.
-        flat = _flat(tensor) if rank == dst else tensor.reshape(-1).clone()
         registry.resolve("reduce", algorithm)(_comm("reduce", algorithm, group, flat, op),
                                              flat, chunk_bounds(flat.numel(), n), dst)
-        if rank == dst:
-            _copy_back(tensor, flat)
+    if rank == dst:
+        _copy_back(tensor, flat)
     if rank == dst:
         _avg(tensor, op, n)
 
@@ -111,12 +111,13 @@ def broadcast(tensor, src, group=None, algorithm="auto"):
     if prep is None or tensor.numel() == 0:
         return
     n, _, algorithm = prep
+    flat = _flat(tensor)
     if algorithm == "torch":
         gsrc = dist.get_global_rank(group, src) if group is not None else src
-        return _torch_call("broadcast", dist.broadcast, tensor, gsrc, group=group)
-    flat = _flat(tensor)
-    registry.resolve("broadcast", algorithm)(_comm("broadcast", algorithm, group, flat, Op.SUM),
-                                            flat, chunk_bounds(flat.numel(), n), src)
+        _torch_call("broadcast", dist.broadcast, flat, gsrc, group=group)
+    else:
+        registry.resolve("broadcast", algorithm)(_comm("broadcast", algorithm, group, flat, Op.SUM),
+                                                flat, chunk_bounds(flat.numel(), n), src)
     _copy_back(tensor, flat)
 
 
@@ -136,7 +137,7 @@ def all_gather_into_tensor(output, input, group=None, algorithm="auto"):
     if output.numel() == 0:
         return
     if algorithm == "torch":
-        return _torch_call("all_gather", dist.all_gather_into_tensor, output, input, group=group)
+        return _torch_call("all_gather", backend.all_gather_single, output, input, group=group)
     flat = _flat(output)
     bounds = chunk_bounds(flat.numel(), n)
     flat[bounds[rank]:bounds[rank + 1]].copy_(input.reshape(-1))
@@ -154,6 +155,9 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto"):
         raise ValueError(f"all_gather: tensor_list needs {n} tensors and entry {rank} the input's "
                          f"{tensor.numel()} elements; got {len(tensor_list)} tensors of sizes {sizes}")
     if algorithm == "torch":
+        if len(set(sizes)) > 1:
+            raise ValueError(f"all_gather: algorithm 'torch' needs equal tensor sizes, got {sizes}; "
+                             f"ring, recursive_doubling and naive accept uneven ones")
         return _torch_call("all_gather", dist.all_gather, tensor_list, tensor, group=group)
     bounds = bounds_from_sizes(sizes)
     flat = torch.empty(bounds[-1], dtype=tensor.dtype, device=tensor.device)

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..plan.chunks import bounds_from_sizes
-from . import registry
+from . import backend, registry
 from .api import SUM, _avg, _comm, _flat, _prepare, _torch_call
 from .ops import Op, parse_op, torch_op
 
@@ -33,7 +33,7 @@ def reduce_scatter_tensor(output, input, op=SUM, group=None, algorithm="auto"):
     if input.numel() == 0:
         return
     if algorithm == "torch":
-        _torch_call("reduce_scatter", dist.reduce_scatter_tensor, output, input, op=torch_op(op), group=group)
+        _torch_call("reduce_scatter", backend.reduce_scatter_single, output, input, op=torch_op(op), group=group)
     else:
         work = input.reshape(-1).clone()  # the algorithm reduces in place; the input stays intact
         bounds = bounds_from_sizes([output.numel()] * n)
@@ -56,6 +56,9 @@ def reduce_scatter(output, input_list, op=SUM, group=None, algorithm="auto"):
     if sum(sizes) == 0:
         return
     if algorithm == "torch":
+        if len(set(sizes)) > 1:
+            raise ValueError(f"reduce_scatter: algorithm 'torch' needs equal tensor sizes, got {sizes}; "
+                             f"ring, recursive_halving and naive accept uneven ones")
         _torch_call("reduce_scatter", dist.reduce_scatter, output, input_list, op=torch_op(op), group=group)
     else:
         work = _cat(input_list, output.dtype, output.device)
@@ -140,6 +143,9 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
     if len(input_tensor_list) != n:
         raise ValueError(f"all_to_all: lists need {n} tensors (the group size), got {len(input_tensor_list)}")
     if algorithm == "torch":
+        if len(set(send_sizes + recv_sizes)) > 1:
+            raise ValueError(f"all_to_all: algorithm 'torch' needs equal tensor sizes, got {send_sizes}; "
+                             f"pairwise and naive accept uneven ones")
         return _torch_call("all_to_all", dist.all_to_all, output_tensor_list, input_tensor_list, group=group)
     sbuf = _cat(input_tensor_list, ref.dtype, ref.device)
     rbuf = torch.empty(sum(recv_sizes), dtype=ref.dtype, device=ref.device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from . import backend
 from .ops import SUPPORTED_DTYPES, Op
 from .registry import COLLECTIVES, SPECIAL, TABLE
 
@@ -50,7 +51,7 @@ def verify(group, collective: str, sig: list[int], extra: list[int] | None = Non
     n = dist.get_world_size(group)
     vec = torch.tensor(sig + (extra or []), dtype=torch.int64)
     rows = torch.empty(n, vec.numel(), dtype=torch.int64)
-    dist.all_gather_into_tensor(rows.view(-1), vec, group=group)
+    backend.all_gather_single(rows.view(-1), vec, group=group)
     table = rows.tolist()
     for i, field in enumerate(_FIELDS):
         values = [row[i] for row in table]

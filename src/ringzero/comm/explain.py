@@ -1,0 +1,317 @@
+"""`ringzero explain`: a collective algorithm, step by step, in the seed's symbols.
+
+    ringzero explain all-reduce --algorithm ring --world 4
+
+prints seed 000 §9.3.6's walk-through: step 1 "A → B: a0", "B → C: b1", "C → D: c2", "D → A: d3",
+then what every rank holds (B's chunk 0 is now a0+b0), and so on until every rank holds
+a0+b0+c0+d0 … a3+b3+c3+d3; then the planner's totals (rounds, bytes and messages per rank) for a
+message of `--bytes`. Nothing here knows how an algorithm works: `explain()` runs the function in
+`ringzero.comm.registry` on the symbolic Comm of `ringzero.comm.symbolic`, with one element per
+chunk so that element i is chunk i. Rank r's input element i is the term letter(r)+i:
+
+- all_reduce, reduce, reduce_scatter: rank r holds r0 … r(n-1) (every rank a full buffer);
+- all_gather, gather: rank r holds its own chunk r (a0 on A, b1 on B, …, as in §9.3.5);
+- broadcast, scatter: the root holds every chunk, the others nothing;
+- all_to_all: rank r's send chunk j is rj; the table shows the receive buffers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import re
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..plan.comm_volume import ROOTED, WHOLE_BUFFER, Volume, call_for, volume
+from . import registry, symbolic
+from .symbolic import Message, Sym, fmt
+
+MAX_WORLD = 16
+"""One letter per rank, and a table that still fits a terminal."""
+
+DEFAULT_BYTES = 1 << 20
+ITEMSIZE = 4  # float32
+
+SEEDS = {
+    "all_reduce": "seed 000 §9.3.7", "reduce_scatter": "seed 000 §9.3.5",
+    "all_gather": "seed 000 §9.3.5", "broadcast": "seed 000 §9.3.5", "reduce": "seed 000 §9.3.5",
+    "gather": "seed 000 §9.3.5", "scatter": "seed 000 §9.3.5", "all_to_all": "seed 000 §9.3.5",
+    ("all_reduce", "ring"): "seed 000 §9.3.6", ("all_reduce", "naive"): "seed 004 §2.4",
+}
+"""Where each collective (and the algorithms the seeds walk through) is explained."""
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A symbolic run of one collective algorithm."""
+
+    collective: str
+    algorithm: str
+    world: int
+    root: int
+    ranks_per_node: int | None
+    summary: str
+    """First line of the algorithm's docstring."""
+    initial: tuple[tuple, ...]
+    """Per rank, the input buffer (for all_to_all the send buffer)."""
+    messages: tuple[Message, ...]
+    """Every message, sorted by (step, src, dst)."""
+    holdings: tuple[tuple[tuple, ...], ...]
+    """holdings[s - 1][r]: rank r's buffer after step s (for all_to_all the receive buffer)."""
+    final: tuple[tuple, ...]
+    """Per rank, the buffer when the algorithm returned."""
+    rounds: tuple[int, ...]
+    """Per rank, rounds as the traffic meter counts them."""
+
+    @property
+    def steps(self) -> int:
+        return len(self.holdings)
+
+    def messages_at(self, step: int) -> list[Message]:
+        return [m for m in self.messages if m.step == step]
+
+
+def normalize(collective: str) -> str:
+    """'all-reduce' -> 'all_reduce'; unknown names raise one line listing the valid ones."""
+    name = collective.strip().lower().replace("-", "_")
+    if name not in registry.TABLE:
+        valid = ", ".join(c.replace("_", "-") for c in registry.COLLECTIVES)
+        raise ValueError(f"unknown collective {collective!r}; valid: {valid} ('-' or '_')")
+    return name
+
+
+def _check(collective: str, algorithm: str, world: int, root: int, ranks_per_node: int | None) -> None:
+    if algorithm not in registry.TABLE[collective]:
+        valid = ", ".join(registry.algorithms(collective))
+        special = (" ('auto' and 'torch' have no steps of their own to show)"
+                   if algorithm in registry.SPECIAL else "")
+        raise ValueError(f"cannot explain algorithm {algorithm!r} for {collective}; valid: {valid}{special}")
+    if not 1 <= world <= MAX_WORLD:
+        raise ValueError(f"world must be between 1 and {MAX_WORLD} (one letter per rank), got {world}")
+    if collective in ROOTED and not 0 <= root < world:
+        raise ValueError(f"root {root} is not a rank of a world of {world}; allowed: 0..{world - 1}")
+    if collective not in ROOTED and root != 0:
+        raise ValueError(f"--root applies only to {', '.join(ROOTED)}, not to {collective}")
+    if ranks_per_node is not None and ranks_per_node < 1:
+        raise ValueError(f"ranks per node must be >= 1, got {ranks_per_node}")
+
+
+def _setup(collective: str, n: int, root: int):
+    """Per rank: the algorithm's arguments after the Comm, and the buffer the tables show."""
+    bounds = list(range(n + 1))  # one element per chunk: element i is chunk i
+
+    def filled(rank: int, which) -> np.ndarray:
+        buf = np.empty(n, dtype=object)
+        for i in which:
+            buf[i] = Sym.term(rank, i)
+        return buf
+
+    def setup(r: int):
+        if collective == "all_to_all":
+            rbuf = np.empty(n, dtype=object)
+            return (filled(r, range(n)), bounds, rbuf, list(bounds)), rbuf
+        if collective in ("all_gather", "gather"):
+            buf = filled(r, [r])
+        elif collective in ("broadcast", "scatter"):
+            buf = filled(root, range(n) if r == root else [])
+        else:
+            buf = filled(r, range(n))
+        return ((buf, bounds, root) if collective in ROOTED else (buf, bounds)), buf
+
+    return setup
+
+
+def explain(collective: str, algorithm: str, world: int, root: int = 0,
+            ranks_per_node: int | None = None) -> Explanation:
+    """Run `algorithm` for `collective` on `world` symbolic ranks and collect its steps."""
+    collective = normalize(collective)
+    _check(collective, algorithm, world, root, ranks_per_node)
+    module = registry.TABLE[collective][algorithm].split(":")[0]
+    try:
+        fn = registry.resolve(collective, algorithm)
+    except ModuleNotFoundError as exc:
+        if exc.name != f"ringzero.comm.algorithms.{module}":
+            raise
+        raise ValueError(f"{collective} {algorithm}: module {exc.name} is not available") from exc
+    setup = _setup(collective, world, root)
+    inputs = [setup(r)[0][0] for r in range(world)]  # the first argument is the input buffer
+    rpn = max(1, min(ranks_per_node or world, world))  # as CommConfig.node_size
+    try:
+        trace = symbolic.run(fn, world, setup, itemsize=ITEMSIZE, ranks_per_node=rpn)
+    except symbolic.SymbolicError as exc:
+        raise symbolic.SymbolicError(f"{collective} {algorithm} on {world} ranks: {exc}") from exc
+    last = max((m.step for m in trace.messages), default=0)
+    holdings = tuple(tuple(_at(snaps, s) for snaps in trace.snapshots) for s in range(1, last + 1))
+    doc = (inspect.getdoc(fn) or "").splitlines()
+    return Explanation(collective=collective, algorithm=algorithm, world=world, root=root,
+                       ranks_per_node=ranks_per_node, summary=doc[0] if doc else "",
+                       initial=tuple(tuple(b) for b in inputs), messages=trace.messages,
+                       holdings=holdings, final=tuple(snaps[-1][1] for snaps in trace.snapshots),
+                       rounds=trace.rounds)
+
+
+def _at(snapshots, step: int) -> tuple:
+    """The buffer after every change stamped `step` or earlier."""
+    return [buf for s, buf in snapshots if s <= step][-1]
+
+
+def totals(collective: str, algorithm: str, world: int, nbytes: int, root: int = 0,
+           ranks_per_node: int | None = None) -> tuple[int, list[Volume]]:
+    """The planner's per-rank traffic for a float32 message of about `nbytes` (element count, list).
+
+    Collectives whose buffer is one equal chunk per rank round the count down to a multiple of
+    `world`, as `call_for` requires.
+    """
+    count = max(0, nbytes) // ITEMSIZE
+    if collective not in WHOLE_BUFFER and collective != "all_to_all":
+        count -= count % world
+    call = call_for(collective, algorithm, world, count, ITEMSIZE, root, ranks_per_node)
+    return count, [volume(call, r) for r in range(world)]
+
+
+def parse_bytes(text: str) -> int:
+    """'1MiB', '64k', '4096' -> bytes (binary units)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"bad size {text!r}; use a number with an optional unit B, KiB, MiB or GiB")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("collective", help="all-reduce, all-gather, reduce-scatter, broadcast, reduce, "
+                        "gather, scatter or all-to-all ('-' or '_')")
+    parser.add_argument("--algorithm", default=None,
+                        help="an algorithm of the collective (default: ring, else the first listed)")
+    parser.add_argument("--world", type=int, default=4, help=f"number of ranks, 1..{MAX_WORLD} (default 4)")
+    parser.add_argument("--root", type=int, default=0, help="root of reduce, broadcast, gather, scatter")
+    parser.add_argument("--ranks-per-node", type=int, default=None,
+                        help="ranks per node for hierarchical (default: one node)")
+    parser.add_argument("--bytes", default=str(DEFAULT_BYTES),
+                        help="message size for the planner's totals, e.g. 1MiB (default 1 MiB of float32)")
+    parser.add_argument("--json", action="store_true", help="print plain data instead of tables")
+
+
+def run(args: argparse.Namespace) -> int:
+    collective = normalize(args.collective)
+    algorithm = args.algorithm or ("ring" if "ring" in registry.TABLE[collective]
+                                   else registry.algorithms(collective)[0])
+    nbytes = parse_bytes(args.bytes)
+    try:
+        ex = explain(collective, algorithm, args.world, args.root, args.ranks_per_node)
+    except symbolic.SymbolicError as exc:
+        print(f"ringzero: error: {exc}", file=sys.stderr)
+        return 1
+    count, vols = totals(collective, algorithm, args.world, nbytes, args.root, args.ranks_per_node)
+    if args.json:
+        print(json.dumps(as_dict(ex, count, vols)))
+    else:
+        render(ex, count, vols)
+    return 0
+
+
+def as_dict(ex: Explanation, count: int, vols: list[Volume]) -> dict:
+    """Plain data for `--json`: every symbol spelled out in full."""
+    def bufs(rows):
+        return [[fmt(v, compact=False) for v in row] for row in rows]
+
+    steps = [{"step": s, "messages": [{"src": m.src, "dst": m.dst, "round": m.round,
+                                       "contents": [fmt(v, compact=False) for v in m.contents]}
+                                      for m in ex.messages_at(s)],
+              "holdings": bufs(ex.holdings[s - 1])} for s in range(1, ex.steps + 1)]
+    return {"collective": ex.collective, "algorithm": ex.algorithm, "world": ex.world, "root": ex.root,
+            "ranks_per_node": ex.ranks_per_node, "summary": ex.summary, "initial": bufs(ex.initial),
+            "steps": steps, "final": bufs(ex.final), "rounds": list(ex.rounds),
+            "totals": {"count": count, "itemsize": ITEMSIZE, "bytes": count * ITEMSIZE, "steps": ex.steps,
+                       "ranks": [dict(rank=r, **dataclasses.asdict(v)) for r, v in enumerate(vols)]}}
+
+
+def _rank(r: int) -> str:
+    return symbolic.letter(r).upper()
+
+
+def _table(rows, compact: bool, before=None, width: int = 0) -> Table:
+    """What every rank holds, one column per chunk; cells changed since `before` in bold."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    table.add_column("rank")
+    for i in range(len(rows[0]) if rows else 0):
+        table.add_column(f"chunk {i}", justify="center", min_width=width)
+    for r, row in enumerate(rows):
+        cells = [Text(fmt(v, compact), style="bold" if before is not None and v != before[r][i] else "")
+                 for i, v in enumerate(row)]
+        table.add_row(f"{_rank(r)} ({r})", *cells)
+    return table
+
+
+def _bytes(b: int) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= k:
+            return f"{b / k:.4g} {unit}"
+    return f"{b} B"
+
+
+def render(ex: Explanation, count: int, vols: list[Volume], console: Console | None = None) -> None:
+    """The walk-through for people: each step's messages and the table of holdings after it."""
+    n = ex.world
+    compact = n > 4  # the seed's full sums (a0+b0+c0+d0) up to four ranks, a0+…+e0 beyond
+    width = max(len(fmt(v, compact)) for rows in (ex.initial, ex.final, *ex.holdings)
+                for row in rows for v in row)
+    console = console or Console(highlight=False)
+    if not console.is_terminal:  # piped or captured: wide enough that no symbol is cut or wrapped
+        console = Console(highlight=False, width=max(100, 10 + n * (max(width, 7) + 3)), file=console.file)
+    ranks = f"{n} ranks {_rank(0)}-{_rank(n - 1)}" if n > 1 else "1 rank A"
+    rooted = f", root {_rank(ex.root)} ({ex.root})" if ex.collective in ROOTED else ""
+    nodes = (f", {ex.ranks_per_node} ranks per node"
+             if ex.algorithm == "hierarchical" and ex.ranks_per_node else "")
+    console.rule(f"{ex.collective.replace('_', '-')} · {ex.algorithm} · {ranks}{rooted}{nodes}")
+    seed = SEEDS.get((ex.collective, ex.algorithm), SEEDS[ex.collective])
+    console.print(ex.summary if "seed" in ex.summary else f"{ex.summary} ({seed})")
+    console.print(f"Rank r's input element i is written letter(r)+i (rank {_rank(0)}'s are a0, a1, …); "
+                  "a sum is a reduction; '·' is not written yet.")
+
+    def table(heading: str, rows, before=None) -> None:
+        console.print(Text(heading, style="bold"))
+        console.print(_table(rows, compact, before, width))
+
+    if ex.collective == "all_to_all":
+        table("Initially (send buffers; below: receive buffers)", ex.initial)
+        prev = tuple((None,) * n for _ in range(n))
+    else:
+        table("Initially", ex.initial)
+        prev = ex.initial
+    for s in range(1, ex.steps + 1):
+        console.print(Text(f"Step {s}", style="bold underline"))
+        console.print(Text("\n".join(f"  {_rank(m.src)} → {_rank(m.dst)}: "
+                                      + ", ".join(fmt(v, compact) for v in m.contents)
+                                      for m in ex.messages_at(s))))
+        table(f"After step {s}", ex.holdings[s - 1], prev)
+        prev = ex.holdings[s - 1]
+    if ex.steps == 0:
+        table("One rank: nothing to send. Result", ex.final)
+    _render_totals(console, ex, count, vols)
+
+
+def _render_totals(console: Console, ex: Explanation, count: int, vols: list[Volume]) -> None:
+    size = count * ITEMSIZE
+    console.print(Text(f"Totals from the planner (ringzero.plan.comm_volume) for S = {count} float32 "
+                       f"elements ({_bytes(size)}), in bytes; {ex.steps} steps above", style="bold"))
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("rank", "rounds", "sent", "received", "sent / S", "msgs sent", "msgs recv", "reduced"):
+        table.add_column(col, justify="left" if col == "rank" else "right")
+    for r, v in enumerate(vols):
+        ratio = f"{v.bytes_sent / size:.3f}" if size else "-"
+        table.add_row(f"{_rank(r)} ({r})", str(v.rounds), f"{v.bytes_sent:,}", f"{v.bytes_recv:,}", ratio,
+                      str(v.messages_sent), str(v.messages_recv), f"{v.bytes_reduced:,}")
+    console.print(table)
+

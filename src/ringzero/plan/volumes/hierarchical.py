@@ -1,0 +1,34 @@
+"""Hierarchical all-reduce traffic (seed 000 §9.3.7 拓扑感知 All-Reduce).
+
+Nodes are consecutive blocks of k = `call.node_size` ranks (the last may be smaller), m =
+ceil(n / k) of them, each led by its first rank. For a payload of S bytes, rank r at position
+i = r mod k of a node of size k_j:
+
+- intra-node: a binomial reduce to the leader then a binomial broadcast from it over k_j ranks
+  (`volumes.tree.whole`): the leader receives and reduces ceil(log2 k_j)·S and sends
+  ceil(log2 k_j)·S in 2·ceil(log2 k_j) rounds;
+- inter-node (leaders only): the ring all-reduce of `volumes.ring` over m ranks, chunks recut by
+  `chunk_sizes(count, m)`: 2(m-1)/m·S sent and received in 2(m-1) rounds, reducing (m-1)/m·S.
+
+The rank's volume is the sum of its parts.
+"""
+
+from __future__ import annotations
+
+from ..chunks import chunk_sizes
+from ..comm_volume import Call, Volume
+from . import ring, tree
+
+
+def all_reduce(call: Call, rank: int) -> Volume:
+    n, k, count = call.n, call.node_size, call.count
+    first = rank - rank % k
+    local, node_size = rank - first, min(first + k, n) - first
+    intra_up = tree.whole(node_size, count, call.itemsize, local, up=True)
+    intra_down = tree.whole(node_size, count, call.itemsize, local, up=False)
+    m = -(-n // k)
+    if local or m == 1:
+        return intra_up + intra_down
+    leaders = Call(collective="all_reduce", algorithm="ring", n=m, sizes=tuple(chunk_sizes(count, m)),
+                   itemsize=call.itemsize, segment_bytes=call.segment_bytes)
+    return intra_up + ring.all_reduce(leaders, rank // k) + intra_down

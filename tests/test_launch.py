@@ -1,0 +1,78 @@
+"""The launcher: results in rank order, and a failing, dying or hanging rank never hangs the run."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ringzero import launch
+
+
+def _sum_ranks():
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), dist.get_world_size(), t.item()
+
+
+def _rank1_raises():
+    if dist.get_rank() == 1:
+        raise ValueError("boom on purpose")
+    dist.barrier()  # the others wait for rank 1, which never arrives
+
+
+def _rank2_dies():
+    if dist.get_rank() == 2:
+        os._exit(7)
+    dist.barrier()
+
+
+def _hangs():
+    if dist.get_rank() == 0:
+        dist.barrier()  # rank 1 never joins
+    else:
+        time.sleep(3600)
+
+
+def test_spawn_returns_results_in_rank_order():
+    assert launch.spawn(_sum_ranks, 3, timeout=120) == [(r, 3, 3.0) for r in range(3)]
+
+
+def test_a_raising_rank_stops_everyone_and_is_named():
+    with pytest.raises(launch.RankError, match="rank 1 failed: ValueError: boom on purpose") as err:
+        launch.spawn(_rank1_raises, 3, timeout=120)
+    assert err.value.rank == 1
+
+
+def test_a_dying_rank_is_named():
+    with pytest.raises(launch.RankError, match=r"rank 2 died \(exit code 7\)"):
+        launch.spawn(_rank2_dies, 3, timeout=120)
+
+
+def test_timeout_names_the_unfinished_ranks():
+    with pytest.raises(launch.RankError, match=r"timed out after 30s; ranks \[0, 1\] had not finished"):
+        launch.spawn(_hangs, 2, timeout=30)
+
+
+def test_bad_nproc_is_rejected():
+    with pytest.raises(ValueError, match="--nproc must be at least 1"):
+        launch.spawn(_sum_ranks, 0)
+
+
+def test_pool_survives_a_failing_job(pool):
+    with pytest.raises(launch.RankError, match="rank 1 failed"):
+        pool.run(_pool_rank1_raises, world=2, timeout=30)
+    assert pool.run(_pool_rank, world=3) == [0, 1, 2]
+
+
+def _pool_rank1_raises(group):
+    if dist.get_rank(group) == 1:
+        raise RuntimeError("job failure on purpose")
+    dist.barrier(group=group)
+
+
+def _pool_rank(group):
+    return dist.get_rank(group)
