@@ -25,6 +25,11 @@ from .meter import active_entries
 from .ops import Op, reducer
 
 
+_ARENA: dict = {}
+ARENA_MAX_BYTES = 64 << 20
+"""Scratch requests above this are plain allocations, so the arena never pins more than ~2x it."""
+
+
 class Pending:
     """Posted messages; `wait()` blocks until all have completed."""
 
@@ -53,7 +58,9 @@ class TorchComm:
         self._reduce = reducer(op)
         self._global = dist.get_process_group_ranks(group) if group is not None else None
         self._batched = dist.get_backend(group) == "nccl"
+        self.async_p2p = not self._batched  # see ring.py: NCCL serialises separate p2p calls
         self._meters = active_entries(key)
+        self._arena_used = 0
         for rec in self._meters:
             rec.calls += 1
 
@@ -63,7 +70,23 @@ class TorchComm:
         return self._global[r] if self._global is not None else r
 
     def empty(self, n: int) -> torch.Tensor:
-        return torch.empty(n, dtype=self.dtype, device=self.device)
+        """Scratch for this call, carved from a per-(dtype, device) arena kept across calls.
+
+        A fresh multi-MiB tensor costs a page fault per 4 KiB on first touch (a 64 MiB clone took
+        ~100 ms here, more than the all-reduce itself), so collectives reuse one arena; it grows
+        to the largest scratch any call needed. One collective runs at a time per process.
+        """
+        if n * self.itemsize > ARENA_MAX_BYTES:
+            return torch.empty(n, dtype=self.dtype, device=self.device)
+        start, self._arena_used = self._arena_used, self._arena_used + n
+        key = (self.dtype, self.device)
+        arena = _ARENA.get(key)
+        if arena is None or arena.numel() < self._arena_used:
+            # Grow (the old arena's slices handed out earlier in this call stay valid: they keep it alive).
+            arena = _ARENA[key] = torch.empty(max(self._arena_used, 2 * (arena.numel() if arena is not None else 0)),
+                                              dtype=self.dtype, device=self.device)
+            start, self._arena_used = 0, n
+        return arena[start:start + n]
 
     def exchange(self, sends: Sequence[tuple[int, torch.Tensor]] = (),
                  recvs: Sequence[tuple[int, torch.Tensor]] = (), new_round: bool = True) -> Pending:

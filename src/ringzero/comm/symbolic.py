@@ -224,6 +224,9 @@ class SymComm:
         self._world = world
         self.rank, self.size, self.itemsize = rank, world.n, itemsize
         self.ranks_per_node = ranks_per_node
+        # Algorithms post each step's sends and receives together here (as on NCCL), so a
+        # round is one exchange call and steps line up with the seed's walk-throughs.
+        self.async_p2p = False
         self.rounds = 0
         self._clock = 0  # largest step this rank has taken part in (rounds posted or received)
         self._seen = 0  # largest step of a message this rank has received: stamps its snapshots
