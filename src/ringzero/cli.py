@@ -13,6 +13,7 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Imported here, not at module level, so `ringzero --help` stays fast.
     from .bench import comm as bench_comm
     from .comm import explain
 
