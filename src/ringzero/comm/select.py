@@ -1,12 +1,119 @@
-"""algorithm="auto": the algorithm with the least predicted time (placeholder defaults for now)."""
+"""algorithm="auto": the algorithm with the least predicted time under the α-β-γ model.
+
+For a call of `nbytes` on `n` ranks, every implemented algorithm of the collective is priced with
+`plan.network.predict` (the slowest rank's rounds, messages, bytes and bytes reduced, from the
+exact traffic formulas) using the calibration of this machine (`comm.cost`, fitted by
+`ringzero bench comm --calibrate`), or `plan.network.DEFAULT` when there is none; the cheapest
+wins, ties going to the first in `registry.TABLE` order. This is how MPICH picks between its
+algorithms (Thakur, Rabenseifner & Gropp 2005), with measured instead of hand-set thresholds, and
+what seed 000 §9.3.7 recommends: ring for few ranks and large tensors, Rabenseifner or trees when
+messages are small and α dominates.
+
+Only algorithms whose module exists are considered, and `hierarchical` only when the group spans
+more than one node (ranks_per_node < n). The choice is a pure function of its arguments and the
+calibration file, so every rank of a group picks the same algorithm as long as they read the same
+file (on a cluster: the same calibration on every node).
+
+`nbytes` is the whole buffer, in the convention of `plan.comm_volume.call_for`: the tensor of
+all-reduce, reduce and broadcast; the n-chunk output of all-gather and gather; the n-chunk input
+of reduce-scatter and scatter; one rank's whole input of all-to-all.
+"""
 
 from __future__ import annotations
 
-_DEFAULTS = {
-    "all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring", "broadcast": "tree",
-    "reduce": "tree", "gather": "tree", "scatter": "tree", "all_to_all": "pairwise",
-}
+import functools
+import importlib.util
+import os
+
+from ..plan.chunks import chunk_sizes
+from ..plan.comm_volume import MODULES, Call
+from ..plan.network import DEFAULT, predict
+from . import cost, registry
+
+_cache: dict = {"key": None, "cal": None}
 
 
-def choose(collective: str, n: int, nbytes: int, ranks_per_node: int) -> str:
-    return _DEFAULTS[collective]
+def _module_exists(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@functools.lru_cache(maxsize=None)
+def implemented(collective: str) -> tuple[str, ...]:
+    """Algorithms of `collective` whose code and volume formula are both present."""
+    out = []
+    for alg, target in registry.TABLE[collective].items():
+        module = target.split(":")[0]
+        if (_module_exists(f"ringzero.comm.algorithms.{module}")
+                and _module_exists(f"ringzero.plan.volumes.{MODULES[(collective, alg)]}")):
+            out.append(alg)
+    return tuple(out)
+
+
+def candidates(collective: str, n: int, ranks_per_node: int | None) -> tuple[str, ...]:
+    """The algorithms `choose` weighs for this call."""
+    if collective not in registry.TABLE:
+        registry.check_name(collective, "auto")  # raises, naming the valid collectives
+    k = ranks_per_node or n
+    names = tuple(a for a in implemented(collective) if a != "hierarchical" or k < n)
+    if not names:
+        raise ValueError(f"no algorithm of {collective} is installed (looked for "
+                         f"{', '.join(registry.algorithms(collective))})")
+    return names
+
+
+def calibration():
+    """The calibration in effect (None without one), re-read only when its file changes."""
+    path = cost.calibration_file()
+    try:
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size)
+    except OSError:
+        key = (path, None, None)
+    if _cache["key"] != key:
+        _cache["cal"] = cost.load(path) if key[1] is not None else None
+        _cache["key"] = key
+    return _cache["cal"]
+
+
+def _call(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None) -> Call:
+    """The call priced for `nbytes`, counted in bytes (itemsize 1: the dtype does not matter)."""
+    if collective == "all_to_all":
+        row = tuple(chunk_sizes(nbytes, n))
+        return Call(collective=collective, algorithm=algorithm, n=n, itemsize=1,
+                    matrix=tuple(row for _ in range(n)))
+    return Call(collective=collective, algorithm=algorithm, n=n, sizes=tuple(chunk_sizes(nbytes, n)),
+                itemsize=1, ranks_per_node=ranks_per_node)
+
+
+def _times(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> dict[str, float]:
+    out = {}
+    for alg in candidates(collective, n, ranks_per_node):
+        model = cal.model_for(collective, alg) if cal is not None else DEFAULT
+        out[alg] = predict(_call(collective, alg, n, max(0, nbytes), ranks_per_node), model)
+    return out
+
+
+def best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> str:
+    """The cheapest candidate under calibration `cal` (None: the default model); ties by table order."""
+    names = candidates(collective, n, ranks_per_node)
+    if n <= 1 or nbytes <= 0:
+        return names[0]
+    times = _times(collective, n, nbytes, ranks_per_node, cal)
+    return min(names, key=lambda a: (times[a], names.index(a)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal_key) -> str:
+    # cal_key (the file's path, mtime and size) only keys the cache; the loaded file is _cache["cal"].
+    return best(collective, n, nbytes, ranks_per_node, _cache["cal"])
+
+
+def predicted(collective: str, n: int, nbytes: int, ranks_per_node: int | None = None) -> dict[str, float]:
+    """Predicted seconds of every candidate algorithm (what `choose` compares)."""
+    return _times(collective, n, nbytes, ranks_per_node, calibration())
+
+
+def choose(collective: str, n: int, nbytes: int, ranks_per_node: int | None) -> str:
+    """The algorithm `algorithm="auto"` runs for `nbytes` on `n` ranks."""
+    calibration()
+    return _best(collective, n, nbytes, ranks_per_node, _cache["key"])

@@ -1,0 +1,197 @@
+"""`ringzero bench comm`: every collective × algorithm × size on `--nproc` ranks, like nccl-tests.
+
+    ringzero bench comm --nproc 4 --collective all_reduce --sizes 64KiB,1MiB --compare
+    ringzero bench comm --nproc 4 --calibrate          # fit α, β, γ and write the calibration
+
+Columns follow nccl-tests: size (bytes of the whole buffer), count (elements), dtype, algorithm,
+time (µs: the median repetition of the max over ranks), algbw = size / time and busbw = algbw ×
+the collective's factor, which makes busbw comparable with the link speed whatever the collective
+(all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all, gather, scatter (n-1)/n; broadcast and
+reduce 1; nccl-tests' PERFORMANCE.md), and #wrong (elements that differ from the exact result in a
+checked run of every cell; see `bench.comm_ranks`). `--compare` adds the backend's own collective as
+algorithm "torch". All arguments are checked before any rank starts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import torch
+
+from .. import launch
+from ..comm import cost, registry, select
+from ..comm.ops import SUPPORTED_DTYPES
+from .comm_ranks import Job, element_count, rank_main
+
+DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))
+"""1 KiB, 4 KiB, ..., 64 MiB."""
+
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+    "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
+}
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024 ** 2, "mib": 1024 ** 2, "g": 1024 ** 3,
+          "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3}
+_DTYPES = tuple(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
+
+
+def parse_size(text: str) -> int:
+    """"64KiB" -> 65536; K/M/G and KiB/MiB/GiB are binary, KB/MB/GB decimal, a bare number is bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"bad size {text!r}: expected a number of bytes with an optional unit, "
+                         f"e.g. 4096, 64KiB, 1MiB, 2GB")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value < 1:
+        raise ValueError(f"bad size {text!r}: must be at least 1 byte")
+    return value
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    return tuple(parse_size(t) for t in text.split(",") if t.strip()) or _empty("--sizes")
+
+
+def _empty(option: str):
+    raise ValueError(f"{option} needs at least one value")
+
+
+def _names(values: list[str] | None) -> list[str]:
+    """Repeated options and comma lists, flattened, in order, without duplicates."""
+    out: list[str] = []
+    for v in values or []:
+        for x in (x.strip() for x in v.split(",")):
+            if x and x not in out:
+                out.append(x)
+    return out
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip()) or _empty(option)
+    except ValueError:
+        raise ValueError(f"{option} takes comma-separated integers, got {text!r}") from None
+
+
+def _cases(args) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    collectives = _names(args.collective) or list(registry.COLLECTIVES)
+    for c in collectives:
+        registry.check_name(c, "auto")
+    wanted = _names(args.algorithm)
+    for a in wanted:
+        if a not in registry.SPECIAL and not any(a in registry.algorithms(c) for c in collectives):
+            valid = sorted(set(registry.SPECIAL).union(*(registry.algorithms(c) for c in collectives)))
+            raise ValueError(f"unknown algorithm {a!r} for {', '.join(collectives)}; "
+                             f"valid: {', '.join(valid)}")
+    cases = []
+    for c in collectives:
+        if wanted:
+            algs = [a for a in wanted if a in registry.SPECIAL or a in registry.algorithms(c)]
+            missing = [a for a in algs if a not in registry.SPECIAL and a not in select.implemented(c)]
+            if missing:
+                raise ValueError(f"{c}: algorithm {missing[0]!r} is not implemented in this build")
+        else:
+            algs = list(select.implemented(c))
+        if args.compare and "torch" not in algs:
+            algs.append("torch")
+        if algs:
+            cases.append((c, tuple(algs)))
+    return tuple(cases)
+
+
+def build_job(args) -> Job:
+    """Validate every argument (ValueError with one line) and return what the ranks will do."""
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.iters < 1 or args.warmup < 0:
+        raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
+    if args.dtype not in _DTYPES:
+        raise ValueError(f"unsupported --dtype {args.dtype!r}; allowed: {', '.join(_DTYPES)}")
+    if args.ranks_per_node is not None and args.ranks_per_node < 1:
+        raise ValueError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    sizes = parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES
+    if args.worlds:
+        worlds = _ints(args.worlds, "--worlds")
+    else:
+        worlds = tuple(range(2, args.nproc + 1)) if args.calibrate else (args.nproc,)
+    if args.calibrate and max(worlds, default=0) < 2:
+        raise ValueError("--calibrate needs at least 2 ranks (--nproc 2 or more)")
+    bad = [w for w in worlds if not 1 <= w <= args.nproc]
+    if bad:
+        raise ValueError(f"--worlds must lie in 1..--nproc ({args.nproc}), got {bad[0]}")
+    cases = _cases(args)
+    itemsize = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    for c, _ in cases:
+        small = [s for s in sizes if element_count(c, s, itemsize, max(worlds)) == 0]
+        if small:
+            raise ValueError(f"size {small[0]} B holds no {args.dtype} element per rank for {c} "
+                             f"on {max(worlds)} ranks")
+    return Job(worlds=tuple(sorted(set(worlds))), cases=cases, sizes=sizes, dtype=args.dtype,
+               iters=args.iters, warmup=args.warmup, ranks_per_node=args.ranks_per_node,
+               every_algorithm=not args.algorithm)
+
+
+def add_arguments(parser) -> None:
+    a = parser.add_argument
+    a("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
+    a("--collective", action="append", help="collective(s), repeatable or comma list (default: all)")
+    a("--algorithm", action="append", help="algorithm(s) (default: every implemented one)")
+    a("--sizes", help="comma list of buffer sizes, e.g. 64KiB,1MiB (default 1KiB..64MiB by x4)")
+    a("--dtype", default="float32", help=f"element type (default float32; {', '.join(_DTYPES)})")
+    a("--iters", type=int, default=5, help="timed repetitions; the median is reported (default 5)")
+    a("--warmup", type=int, default=2,
+      help="warm-up calls per cell, also used to size a repetition (default 2)")
+    a("--worlds", help="also measure on sub-groups of these sizes, e.g. 2,3,4 (default: --nproc; "
+                       "with --calibrate 2..--nproc)")
+    a("--ranks-per-node", type=int, help="emulate nodes of this many ranks (hierarchical, auto)")
+    a("--compare", action="store_true", help="add the backend's own collective as algorithm 'torch'")
+    a("--json", action="store_true", help="print machine-readable JSON instead of a table")
+    a("--plot", metavar="FILE.png", help="write busbw vs size to this PNG")
+    a("--calibrate", action="store_true", help="fit α, β, γ to the measurements and save them")
+    a("--out", help="calibration file to write (default: RINGZERO_CALIBRATION or "
+                    "~/.cache/ringzero/calibration.json)")
+    a("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
+
+
+def bandwidths(row: dict) -> tuple[float, float]:
+    """(algbw, busbw) in GB/s (1e9 bytes/s, as nccl-tests)."""
+    algbw = row["size"] / (row["time_us"] * 1e-6) / 1e9 if row["time_us"] > 0 else 0.0
+    return algbw, algbw * BUS_FACTOR[row["collective"]](row["world"])
+
+
+def measure(job: Job, nproc: int, timeout: float = 3600.0) -> list[dict]:
+    """Run `job` on `nproc` fresh local ranks; rows with algbw and busbw filled in."""
+    rows = launch.spawn(rank_main, nproc, (job,), timeout=timeout)[0]
+    for row in rows:
+        row["algbw"], row["busbw"] = bandwidths(row)
+    return rows
+
+
+def run(args) -> int:
+    job = build_job(args)
+    rows = measure(job, args.nproc, args.timeout)
+    cal = path = None
+    if args.calibrate:
+        cal = cost.fit(rows, meta={"nproc": args.nproc, "dtype": args.dtype, "worlds": list(job.worlds)})
+        path = cost.save(cal, args.out)
+    if args.json:
+        out = {"nproc": args.nproc, "rows": rows}
+        if cal is not None:
+            out["calibration"] = {"path": str(path), **cal.to_json()}
+        print(json.dumps(out, indent=1))
+    else:
+        from .comm_report import print_calibration, print_table
+        print_table(rows)
+        if cal is not None:
+            print_calibration(cal, path)
+    if args.plot:
+        from .comm_report import plot
+        plot(rows, args.plot)
+    wrong = sum(r["wrong"] for r in rows)
+    if wrong:
+        print(f"ringzero: {wrong} wrong elements (see #wrong)", file=sys.stderr)
+    return 1 if wrong else 0

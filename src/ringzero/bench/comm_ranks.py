@@ -1,0 +1,224 @@
+"""The rank side of `ringzero bench comm`: data check and timing of every cell, as nccl-tests does.
+
+For one (collective, size) all algorithms share one set of buffers. Each algorithm first runs once
+on fresh inputs of small integers (x_r[i] = (i + 3r + j) mod 5, exact in every dtype) and its output
+is compared element by element with the known result: the count of wrong elements, summed over
+ranks, is the #wrong column. Then one untimed call, `warmup` timed calls that set how many calls
+(`inner`) make one repetition last about `target_s`, and `iters` repetitions, each started after a
+barrier: time = wall time of the repetition / inner on each rank, then the max over ranks (the
+slowest rank finishes the collective; nccl-tests does the same). Repetitions of the algorithms are
+interleaved (rep 1 of every algorithm, then rep 2, ...) so that drift in the machine's load hits
+all of them alike. A row reports the median repetition.
+
+Worlds smaller than the launch are prefix sub-groups {0..w-1}; the other ranks wait at a barrier.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..plan.chunks import chunk_sizes
+
+TARGET_S = 0.01
+"""Aim for repetitions of about this long: one barrier's skew is then small against the time."""
+MAX_INNER = 200
+SENTINEL = 127
+"""Fills outputs before the checked call: no input (0..4) nor sum of < 32 ranks' inputs equals it,
+so an element an algorithm forgot to write is counted wrong. Exact in every supported dtype."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every rank measures (built and validated by `bench.comm` before any rank starts)."""
+
+    worlds: tuple[int, ...]
+    cases: tuple[tuple[str, tuple[str, ...]], ...]
+    """(collective, algorithms) in measuring order."""
+    sizes: tuple[int, ...]
+    """Bytes of the whole buffer (`plan.comm_volume.call_for` convention)."""
+    dtype: str
+    iters: int
+    warmup: int
+    ranks_per_node: int | None = None
+    every_algorithm: bool = True
+    """The algorithm list is the default (all): skip `hierarchical` where it would span one node."""
+    target_s: float = TARGET_S
+    """Aim for repetitions of about this many seconds (more calls per repetition when short)."""
+
+
+def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
+    """Elements for `nbytes`: whole elements, and a multiple of n where the chunks must be equal."""
+    count = nbytes // itemsize
+    if collective not in ("all_reduce", "reduce", "broadcast"):
+        count -= count % n
+    return count
+
+
+def _pat(m: int, key: int, dtype) -> torch.Tensor:
+    return ((torch.arange(m) + key) % 5).to(dtype)
+
+
+class Cell:
+    """Buffers, the expected result and the call of one collective of `count` elements."""
+
+    def __init__(self, collective, group, count, dtype):
+        self.collective, self.group, self.dtype = collective, group, dtype
+        self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        n, r, m = self.n, self.rank, count // self.n
+        pat = lambda size, key: _pat(size, key, dtype)  # noqa: E731
+        if collective in ("all_reduce", "reduce", "broadcast"):
+            self.buf = torch.empty(count, dtype=dtype)
+            fresh = pat(count, 3 * r) if collective != "broadcast" or r == 0 else None
+            self.inputs = [fresh if fresh is not None else torch.full((count,), SENTINEL, dtype=dtype)]
+            total = sum(_pat(count, 3 * q, torch.int64) for q in range(n)).to(dtype)
+            self.expect = {"all_reduce": total, "reduce": total if r == 0 else None,
+                           "broadcast": pat(count, 0)}[collective]
+        elif collective == "all_gather":
+            self.inp, self.out = pat(m, 3 * r), torch.empty(count, dtype=dtype)
+            self.expect = torch.cat([pat(m, 3 * q) for q in range(n)])
+        elif collective == "reduce_scatter":
+            self.inp, self.out = pat(count, 3 * r), torch.empty(m, dtype=dtype)
+            self.expect = sum(_pat(count, 3 * q, torch.int64) for q in range(n))[r * m:(r + 1) * m].to(dtype)
+        elif collective == "gather":
+            self.inp = pat(m, 3 * r)
+            self.outs = [torch.empty(m, dtype=dtype) for _ in range(n)] if r == 0 else None
+            self.expect = torch.cat([pat(m, 3 * q) for q in range(n)]) if r == 0 else None
+        elif collective == "scatter":
+            self.ins = [pat(m, 3 * q) for q in range(n)] if r == 0 else None
+            self.out, self.expect = torch.empty(m, dtype=dtype), pat(m, 3 * r)
+        elif collective == "all_to_all":
+            sizes = chunk_sizes(count, n)  # rank r sends chunk j of its buffer to rank j
+            self.ins = [pat(sizes[j], 3 * r + j) for j in range(n)]
+            self.outs = [torch.empty(sizes[r], dtype=dtype) for _ in range(n)]
+            self.expect = torch.cat([pat(sizes[r], 3 * q + r) for q in range(n)])
+        else:
+            raise ValueError(f"unknown collective {collective!r}")
+
+    def reset(self) -> None:
+        """Fresh inputs before the checked call (in-place collectives consumed the last ones)."""
+        if hasattr(self, "buf"):
+            self.buf.copy_(self.inputs[0])
+        for name in ("out", "outs"):
+            for t in _as_list(getattr(self, name, None)):
+                t.fill_(SENTINEL)
+
+    def quiesce(self) -> None:
+        """Zeros in the in-place buffer, so repeated sums stay finite while timing."""
+        if self.collective in ("all_reduce", "reduce"):
+            self.buf.zero_()
+
+    def call(self, algorithm: str) -> None:
+        c, g, a = self.collective, self.group, algorithm
+        if c == "all_reduce":
+            comm.all_reduce(self.buf, group=g, algorithm=a)
+        elif c == "reduce":
+            comm.reduce(self.buf, 0, group=g, algorithm=a)
+        elif c == "broadcast":
+            comm.broadcast(self.buf, 0, group=g, algorithm=a)
+        elif c == "all_gather":
+            comm.all_gather_into_tensor(self.out, self.inp, group=g, algorithm=a)
+        elif c == "reduce_scatter":
+            comm.reduce_scatter_tensor(self.out, self.inp, group=g, algorithm=a)
+        elif c == "gather":
+            comm.gather(self.inp, self.outs, dst=0, group=g, algorithm=a)
+        elif c == "scatter":
+            comm.scatter(self.out, self.ins, src=0, group=g, algorithm=a)
+        else:
+            comm.all_to_all(self.outs, self.ins, group=g, algorithm=a)
+
+    def wrong(self) -> int:
+        """Elements of this rank's output that differ from the exact result."""
+        if self.expect is None:
+            return 0
+        got = {"all_reduce": "buf", "reduce": "buf", "broadcast": "buf", "all_gather": "out",
+               "reduce_scatter": "out", "scatter": "out", "gather": "outs", "all_to_all": "outs"}
+        value = getattr(self, got[self.collective])
+        value = torch.cat(value) if isinstance(value, list) else value
+        return int((value != self.expect).sum())
+
+
+def _as_list(x):
+    return [] if x is None else (x if isinstance(x, list) else [x])
+
+
+def _max_over(group, values: list[float], op=dist.ReduceOp.MAX) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=op, group=group)
+    return t.tolist()
+
+
+def _timed(cell: Cell, algorithm: str, inner: int) -> float:
+    dist.barrier(group=cell.group)
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        cell.call(algorithm)
+    return (time.perf_counter() - t0) / inner
+
+
+def check(cell: Cell, algorithms) -> list[int]:
+    """Run each algorithm once on fresh inputs; this rank's wrong elements per algorithm."""
+    wrong = []
+    for a in algorithms:
+        cell.reset()
+        cell.call(a)
+        wrong.append(cell.wrong())
+    cell.quiesce()
+    return wrong
+
+
+def measure_cell(group, collective: str, algorithms, count: int, job: Job) -> list[dict]:
+    """Check and time every algorithm on one (collective, count); rows are valid on every rank."""
+    dtype = getattr(torch, job.dtype)
+    cell = Cell(collective, group, count, dtype)
+    wrong, inner = check(cell, algorithms), []
+    for a in algorithms:
+        cell.call(a)  # the first timed call would also pay for lazily built state (groups, buffers)
+        inner.append(_timed(cell, a, max(1, job.warmup)))
+    wrong = _max_over(group, [float(w) for w in wrong], dist.ReduceOp.SUM)
+    inner = [max(1, min(MAX_INNER, int(job.target_s / max(t, 1e-9)))) for t in _max_over(group, inner)]
+    reps = [[] for _ in algorithms]
+    for _ in range(job.iters):
+        for i, a in enumerate(algorithms):
+            reps[i].append(_timed(cell, a, inner[i]))
+    flat = _max_over(group, [t for r in reps for t in r])
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    rows = []
+    for i, a in enumerate(algorithms):
+        times = flat[i * job.iters:(i + 1) * job.iters]
+        rows.append({"collective": collective, "algorithm": a, "world": cell.n, "count": count,
+                     "itemsize": itemsize, "dtype": job.dtype, "size": count * itemsize,
+                     "ranks_per_node": job.ranks_per_node, "time_us": statistics.median(times) * 1e6,
+                     "reps_us": [t * 1e6 for t in times], "inner": inner[i], "wrong": int(wrong[i])})
+    return rows
+
+
+def rank_main(job: Job) -> list[dict] | None:
+    """Entry point on every rank (`launch.spawn`); rank 0 returns all rows."""
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed *_tensor collectives
+    world, rank = dist.get_world_size(), dist.get_rank()
+    groups = {w: dist.new_group(list(range(w))) if w < world else dist.group.WORLD for w in job.worlds}
+    itemsize = torch.empty((), dtype=getattr(torch, job.dtype)).element_size()
+    rows: list[dict] = []
+    with comm.configure(checks=False, ranks_per_node=job.ranks_per_node):
+        for w in job.worlds:
+            if rank < w:
+                for collective, algorithms in job.cases:
+                    algs = tuple(a for a in algorithms if a != "hierarchical" or _multi_node(job, w)
+                                 or not job.every_algorithm)
+                    for nbytes in job.sizes:
+                        count = element_count(collective, nbytes, itemsize, w)
+                        rows += measure_cell(groups[w], collective, algs, count, job)
+            dist.barrier()
+    return rows if rank == 0 else None
+
+
+def _multi_node(job: Job, world: int) -> bool:
+    """Hierarchical is only itself when the group spans nodes (on one node it is a tree)."""
+    return job.ranks_per_node is not None and job.ranks_per_node < world

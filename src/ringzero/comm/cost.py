@@ -1,0 +1,243 @@
+"""Calibration of the α-β-γ model (`ringzero.plan.network`) on the machine it runs on.
+
+`ringzero bench comm --calibrate` measures collectives and hands its rows to `fit`, which solves
+for the coefficients by non-negative least squares and writes them with `save`; `select.choose`
+reads them back with `load`. A row is one measured (collective, algorithm, world, count) cell:
+
+    {"collective": "all_reduce", "algorithm": "ring", "world": 4, "count": 262144, "itemsize": 4,
+     "ranks_per_node": None, "time_us": 812.5}
+
+The regressors of a row are `network.features`: the slowest rank's rounds, messages, bytes and
+bytes reduced, and the messages, bytes and bytes reduced of all ranks together, from the exact
+per-rank traffic (`plan.comm_volume.volume`). Which rank is slowest depends on the coefficients, so
+the fit alternates: start from every feature's maximum over ranks, solve, re-pick each row's
+slowest rank under the solution, solve again, until the picks stop changing. Rows are weighted by
+1/time, so the fit minimises the relative error and a 1 KiB call counts as much as a 64 MiB one.
+
+The file holds one shared `model` for every algorithm and, in `per_algorithm`
+("collective/algorithm" -> coefficients), an algorithm's own model where that predicts better:
+algorithms differ in software cost per round and per byte (copies, Python steps, how a
+non-power-of-two world is folded), which one shared model cannot express. An own model is kept
+only if it wins a cross-validation on the algorithm's rows (`_own_model`); on a noisy machine the
+rest would fit noise. The fit error (median and max relative error) is stored with it.
+
+File: `path` argument, else `CommConfig.calibration`, else $RINGZERO_CALIBRATION, else
+~/.cache/ringzero/calibration.json.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..plan.comm_volume import Volume, call_for, volume
+from ..plan.network import FEATURES, RANK_FEATURES, AlphaBetaGamma, features, rank_features, slowest_rank
+from .config import get_config
+
+SCHEMA = 1
+DEFAULT_PATH = "~/.cache/ringzero/calibration.json"
+MIN_ROWS_PER_ALGORITHM = 2 * len(FEATURES)
+"""An algorithm gets its own coefficients only with at least this many rows (else the shared model)."""
+
+
+def calibration_file(path: str | os.PathLike | None = None) -> str:
+    """Where the calibration lives, as a string (cheap: `select` asks on every "auto" call)."""
+    chosen = path or get_config().calibration or os.environ.get("RINGZERO_CALIBRATION") or DEFAULT_PATH
+    return os.path.expanduser(os.fspath(chosen))
+
+
+def calibration_path(path: str | os.PathLike | None = None) -> Path:
+    """Where the calibration lives (see the module docstring for the order of precedence)."""
+    return Path(calibration_file(path))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted coefficients and how well they fit."""
+
+    model: AlphaBetaGamma
+    """The shared model: one α, β, γ for every algorithm."""
+    per_algorithm: dict[str, AlphaBetaGamma] = field(default_factory=dict)
+    """"collective/algorithm" -> that algorithm's own coefficients."""
+    error: dict = field(default_factory=dict)
+    """Relative fit errors: {"median", "max", "rows", "shared": {"median", "max"}}."""
+    meta: dict = field(default_factory=dict)
+    """Where and when it was measured."""
+
+    def model_for(self, collective: str, algorithm: str) -> AlphaBetaGamma:
+        return self.per_algorithm.get(f"{collective}/{algorithm}", self.model)
+
+    def to_json(self) -> dict:
+        return {"schema": SCHEMA, "model": self.model.as_dict(),
+                "per_algorithm": {k: m.as_dict() for k, m in sorted(self.per_algorithm.items())},
+                "error": self.error, "meta": self.meta}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Calibration":
+        if data.get("schema") != SCHEMA:
+            raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA}")
+        return cls(model=_model(data["model"]),
+                   per_algorithm={k: _model(m) for k, m in data.get("per_algorithm", {}).items()},
+                   error=data.get("error", {}), meta=data.get("meta", {}))
+
+
+def _model(coefs: dict) -> AlphaBetaGamma:
+    """Coefficients from a file: unknown names are an error, missing ones are 0 (not the defaults)."""
+    unknown = set(coefs) - set(FEATURES)
+    if unknown:
+        raise ValueError(f"unknown coefficient(s) {', '.join(sorted(unknown))}")
+    return AlphaBetaGamma.from_coefficients([coefs.get(k, 0.0) for k in FEATURES])
+
+
+def load(path: str | os.PathLike | None = None) -> Calibration | None:
+    """The calibration at `calibration_path(path)`, or None if there is no file."""
+    p = calibration_path(path)
+    if not p.is_file():
+        return None
+    try:
+        return Calibration.from_json(json.loads(p.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"calibration file {p} is not valid ({exc}); re-run "
+                         f"`ringzero bench comm --calibrate` or delete it") from None
+
+
+def save(cal: Calibration, path: str | os.PathLike | None = None) -> Path:
+    """Write `cal` as JSON (atomically: readers never see half a file); return the path."""
+    p = calibration_path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(cal.to_json(), indent=2) + "\n")
+    os.replace(tmp, p)
+    return p
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin ||a x - b|| subject to x >= 0, exactly, by trying every support set.
+
+    With a handful of columns (8 here) that is 255 small least-squares solves: simpler than
+    Lawson-Hanson and exact. Columns are scaled to unit norm first (bytes and rounds differ by
+    ~10^6). Among supports with the same residual the smaller one wins, so collinear features
+    (rounds are constant at one world size) do not get arbitrary splits.
+    """
+    cols = a.shape[1]
+    norms = np.linalg.norm(a, axis=0)
+    scale = np.where(norms > 0, norms, 1.0)
+    a_s = a / scale
+    best_x, best_res = np.zeros(cols), float(np.dot(b, b))
+    for k in range(1, cols + 1):
+        for support in itertools.combinations(range(cols), k):
+            idx = list(support)
+            sol = np.linalg.lstsq(a_s[:, idx], b, rcond=None)[0]
+            if np.any(sol < 0):
+                continue
+            r = b - a_s[:, idx] @ sol
+            res = float(np.dot(r, r))
+            if res < best_res * (1 - 1e-9) - 1e-300:
+                best_x, best_res = np.zeros(cols), res
+                best_x[idx] = sol
+    return best_x / scale
+
+
+def row_volumes(row: dict) -> list[Volume]:
+    """Every rank's exact traffic for the call a benchmark row measured."""
+    call = call_for(row["collective"], row["algorithm"], row["world"], row["count"],
+                    row.get("itemsize", 4), root=0, ranks_per_node=row.get("ranks_per_node"))
+    return [volume(call, r) for r in range(call.n)]
+
+
+def _fit_rows(vols: list[list[Volume]], times: np.ndarray, iterations: int = 8) -> AlphaBetaGamma:
+    """Weighted NNLS with the slowest-rank picks re-done until they are stable."""
+    k = len(RANK_FEATURES)
+    # First guess at the slowest rank: the maximum of every per-rank feature over ranks.
+    x = np.array([np.concatenate([np.max([rank_features(v) for v in vs], axis=0), features(vs, 0)[k:]])
+                  for vs in vols])
+    picks = None
+    w = 1.0 / times
+    for _ in range(iterations):
+        model = AlphaBetaGamma.from_coefficients(nnls(x * w[:, None], np.ones_like(times)))  # (a·x - t)/t
+        new = [slowest_rank(vs, model) for vs in vols]
+        if new == picks:
+            break
+        picks = new
+        x = np.array([features(vs, p) for vs, p in zip(vols, picks)])
+    return model
+
+
+def predict_row(vols: list[Volume], model: AlphaBetaGamma) -> float:
+    """Seconds `model` predicts for a call with these per-rank volumes (as `network.predict`)."""
+    return float(np.dot(model.coefficients(), features(vols, slowest_rank(vols, model))))
+
+
+def relative_errors(rows: list[dict], model_for, vols: list[list[Volume]] | None = None) -> np.ndarray:
+    """|predicted - measured| / measured for every row; `model_for(collective, algorithm)`."""
+    vols = vols if vols is not None else [row_volumes(r) for r in rows]
+    out = []
+    for row, vs in zip(rows, vols):
+        pred = predict_row(vs, model_for(row["collective"], row["algorithm"]))
+        out.append(abs(pred - row["time_us"] * 1e-6) / (row["time_us"] * 1e-6))
+    return np.array(out)
+
+
+def _summary(errs: np.ndarray) -> dict:
+    return {"median": float(np.median(errs)), "max": float(np.max(errs))} if errs.size else {}
+
+
+CV_FOLDS = 3
+
+
+def _own_model(vols: list[list[Volume]], times: np.ndarray, shared: AlphaBetaGamma) -> AlphaBetaGamma | None:
+    """An algorithm's own model, if it predicts its held-out rows better than the shared one.
+
+    With 8 coefficients fitted to a few dozen noisy rows an algorithm's own model can fit its
+    noise: it is kept only if, in a CV_FOLDS-fold cross-validation over its rows, the median
+    relative error on the held-out rows beats the shared model's on the same rows.
+    """
+    if len(times) < MIN_ROWS_PER_ALGORITHM:
+        return None
+    held, base = [], []
+    for fold in range(CV_FOLDS):
+        test = np.arange(len(times)) % CV_FOLDS == fold
+        model = _fit_rows([v for v, t in zip(vols, test) if not t], times[~test])
+        for v, t, secs in zip(vols, test, times):
+            if t:
+                held.append(abs(predict_row(v, model) - secs) / secs)
+                base.append(abs(predict_row(v, shared) - secs) / secs)
+    return _fit_rows(vols, times) if np.median(held) < np.median(base) else None
+
+
+def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None) -> Calibration:
+    """Fit the shared model (and, if asked, one per algorithm) to measured rows.
+
+    Rows of the backend's own collective ("torch", "auto") and of calls that move nothing are
+    ignored: they have no volume formula, or nothing to fit.
+    """
+    rows = [r for r in rows if r["algorithm"] not in ("torch", "auto") and r["world"] > 1
+            and r["count"] > 0 and r["time_us"] > 0]
+    if len(rows) < len(FEATURES):
+        raise ValueError(f"calibration needs at least {len(FEATURES)} measured rows of ringzero's "
+                         f"algorithms on 2+ ranks, got {len(rows)}")
+    vols = [row_volumes(r) for r in rows]
+    times = np.array([r["time_us"] * 1e-6 for r in rows])
+    shared = _fit_rows(vols, times)
+    own: dict[str, AlphaBetaGamma] = {}
+    if per_algorithm:
+        keys = sorted({f"{r['collective']}/{r['algorithm']}" for r in rows})
+        for key in keys:
+            idx = [i for i, r in enumerate(rows) if f"{r['collective']}/{r['algorithm']}" == key]
+            model = _own_model([vols[i] for i in idx], times[idx], shared)
+            if model is not None:
+                own[key] = model
+    cal = Calibration(model=shared, per_algorithm=own)
+    errs = relative_errors(rows, cal.model_for, vols)
+    shared_errs = relative_errors(rows, lambda c, a: shared, vols)
+    error = {**_summary(errs), "rows": len(rows), "shared": _summary(shared_errs)}
+    info = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "cpus": os.cpu_count(), **(meta or {})}
+    return Calibration(model=shared, per_algorithm=own, error=error, meta=info)

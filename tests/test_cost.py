@@ -1,0 +1,151 @@
+"""The α-β-γ model, its calibration and algorithm="auto" (pure: no ranks, no timing)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from ringzero.comm import cost, registry, select
+from ringzero.comm.config import configure
+from ringzero.plan.comm_volume import call_for
+from ringzero.plan.network import DEFAULT, FEATURES, TEXTBOOK, AlphaBetaGamma, predict
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _model(**coefs) -> AlphaBetaGamma:
+    """A model with only the given coefficients (the rest 0, not the machine's defaults)."""
+    return AlphaBetaGamma.from_coefficients([coefs.get(k, 0.0) for k in FEATURES])
+
+
+ALPHA_BOUND = _model(alpha=1e-3, beta=1e-9, gamma=1e-10)
+
+
+@pytest.fixture
+def no_calibration(tmp_path, monkeypatch):
+    """`auto` without a calibration file, whatever the machine has in ~/.cache."""
+    monkeypatch.setenv("RINGZERO_CALIBRATION", str(tmp_path / "absent.json"))
+    return tmp_path
+
+
+def _t(collective, algorithm, n, nbytes, model=DEFAULT, rpn=None):
+    return predict(call_for(collective, algorithm, n, nbytes // 4, 4, ranks_per_node=rpn), model)
+
+
+def _synthetic_rows(model, collectives=("all_reduce", "broadcast", "reduce_scatter")):
+    rows = []
+    for collective in collectives:
+        for alg in select.implemented(collective):
+            for n in (2, 3, 4, 6, 8):
+                for nbytes in (KiB, 48 * KiB, MiB, 16 * MiB + 12):
+                    rpn = 2 if alg == "hierarchical" else None
+                    count = nbytes // 4 - (nbytes // 4) % n
+                    t = predict(call_for(collective, alg, n, count, 4, ranks_per_node=rpn), model)
+                    rows.append({"collective": collective, "algorithm": alg, "world": n, "count": count,
+                                 "itemsize": 4, "ranks_per_node": rpn, "time_us": t * 1e6})
+    return rows
+
+
+def test_predict_is_monotone_in_size():
+    sizes = [0, 4, KiB, 4 * KiB + 4, 64 * KiB, MiB, 3 * MiB + 4, 64 * MiB]
+    for collective in ("all_reduce", "broadcast", "reduce"):
+        for alg in select.implemented(collective):
+            for n in (2, 5, 8):
+                times = [_t(collective, alg, n, s, rpn=2) for s in sizes]
+                assert times == sorted(times), (collective, alg, n, times)
+                assert times[0] == 0.0 and times[-1] > 0
+
+
+def test_alpha_bound_small_messages_avoid_the_ring():
+    """On 8 ranks with a large α, log-round algorithms beat ring's 2(n-1) rounds at 1 KiB."""
+    ring = _t("all_reduce", "ring", 8, KiB, ALPHA_BOUND)
+    for alg in ("tree", "butterfly", "rabenseifner"):
+        if alg in select.implemented("all_reduce"):
+            assert _t("all_reduce", alg, 8, KiB, ALPHA_BOUND) < ring, alg
+    cal = cost.Calibration(model=ALPHA_BOUND)
+    assert select.best("all_reduce", 8, KiB, None, cal) != "ring"
+
+
+def test_bandwidth_bound_large_messages_pick_ring_or_rabenseifner():
+    cal = cost.Calibration(model=ALPHA_BOUND)
+    assert select.best("all_reduce", 8, 64 * MiB, None, cal) in ("ring", "rabenseifner")
+    assert select.best("all_reduce", 8, 64 * MiB, None, None) in ("ring", "rabenseifner")
+
+
+def test_fit_recovers_known_coefficients_exactly():
+    true = AlphaBetaGamma(alpha=42e-6, beta=0.7e-9, gamma=0.2e-9, per_message=3e-6, per_call=15e-6,
+                          host_message=90e-6, host_beta=0.05e-9, host_gamma=0.1e-9)
+    cal = cost.fit(_synthetic_rows(true))
+    np.testing.assert_allclose(cal.model.coefficients(), true.coefficients(), rtol=1e-6, atol=1e-15)
+    assert cal.error["max"] < 1e-9 and cal.error["shared"]["max"] < 1e-9
+    got = cost.fit(_synthetic_rows(TEXTBOOK, ("all_reduce",)), per_algorithm=False).model
+    np.testing.assert_allclose(got.coefficients(), TEXTBOOK.coefficients(), rtol=1e-6, atol=1e-15)
+
+
+def test_nnls_clips_negative_coefficients():
+    a = np.array([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    b = np.array([3.0, 2.0, 1.0, 0.0])  # unconstrained slope would be -1
+    x = cost.nnls(a, b)
+    assert x[1] == 0.0 and x[0] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match=">= 0"):
+        AlphaBetaGamma(alpha=-1.0)
+
+
+def test_fit_needs_enough_rows():
+    with pytest.raises(ValueError, match="at least"):
+        cost.fit([{"collective": "all_reduce", "algorithm": "torch", "world": 2, "count": 4, "time_us": 1.0}])
+
+
+def test_select_without_calibration_is_valid_for_every_collective(no_calibration):
+    assert select.calibration() is None
+    for collective in registry.COLLECTIVES:
+        for n in (1, 2, 3, 8, 16):
+            for nbytes in (0, 1, KiB, MiB, 64 * MiB):
+                for rpn in (None, 2):
+                    alg = select.choose(collective, n, nbytes, rpn)
+                    assert alg in registry.algorithms(collective)
+                    assert alg in select.implemented(collective)
+                    assert alg == select.choose(collective, n, nbytes, rpn)  # deterministic
+
+
+def test_hierarchical_only_across_nodes():
+    assert "hierarchical" not in select.candidates("all_reduce", 4, 4)
+    assert "hierarchical" not in select.candidates("all_reduce", 4, None)
+    if "hierarchical" in select.implemented("all_reduce"):
+        assert "hierarchical" in select.candidates("all_reduce", 4, 2)
+        fast_hier = cost.Calibration(model=DEFAULT, per_algorithm={
+            "all_reduce/hierarchical": _model(alpha=1e-9, beta=1e-15)})
+        assert select.best("all_reduce", 8, MiB, 2, fast_hier) == "hierarchical"
+        assert select.best("all_reduce", 8, MiB, 8, fast_hier) != "hierarchical"
+
+
+def test_calibration_file_round_trip_and_reload(tmp_path, monkeypatch):
+    path = tmp_path / "cal.json"
+    slow_ring = cost.Calibration(model=ALPHA_BOUND, per_algorithm={
+        "all_reduce/ring": _model(alpha=1.0, beta=1.0, gamma=1.0)})
+    assert cost.save(slow_ring, path) == path
+    assert cost.load(path) == slow_ring
+    monkeypatch.setenv("RINGZERO_CALIBRATION", str(path))
+    assert select.choose("all_reduce", 4, 64 * MiB, None) != "ring"
+    only_ring = {f"all_reduce/{a}": _model(alpha=1.0) for a in select.implemented("all_reduce")}
+    only_ring["all_reduce/ring"] = _model(beta=1e-12)
+    cost.save(cost.Calibration(model=ALPHA_BOUND, per_algorithm=only_ring), path)
+    assert select.choose("all_reduce", 4, 64 * MiB, None) == "ring"  # the new file is read
+
+
+def test_calibration_path_precedence(tmp_path, monkeypatch):
+    monkeypatch.delenv("RINGZERO_CALIBRATION", raising=False)
+    assert str(cost.calibration_path()).endswith(".cache/ringzero/calibration.json")
+    monkeypatch.setenv("RINGZERO_CALIBRATION", str(tmp_path / "env.json"))
+    assert cost.calibration_path() == tmp_path / "env.json"
+    with configure(calibration=str(tmp_path / "cfg.json")):
+        assert cost.calibration_path() == tmp_path / "cfg.json"
+        assert cost.calibration_path(tmp_path / "arg.json") == tmp_path / "arg.json"
+
+
+def test_invalid_calibration_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": 999}))
+    with pytest.raises(ValueError, match="not valid"):
+        cost.load(bad)
+    assert cost.load(tmp_path / "missing.json") is None
