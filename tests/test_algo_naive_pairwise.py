@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ringzero import comm
 from ringzero.comm import backend
-from ringzero.comm.algorithms.scatter_allgather import scatter_schedule
+from ringzero.plan.schedules import scatter_schedule
 from ringzero.plan.chunks import SEGMENT_BYTES
 from ringzero.plan.comm_volume import Call, call_for, volume
 

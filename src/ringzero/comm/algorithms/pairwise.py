@@ -18,13 +18,7 @@ with nothing to send or receive is not a round.
 
 from __future__ import annotations
 
-
-def peers(n: int, rank: int, step: int) -> tuple[int, int]:
-    """(destination, source) of `rank` at `step` (1..n-1) of the pairwise exchange."""
-    if n & (n - 1) == 0:
-        partner = rank ^ step
-        return partner, partner
-    return (rank + step) % n, (rank - step) % n
+from ...plan.schedules import peers
 
 
 def all_to_all(c, sbuf, sbounds, rbuf, rbounds) -> None:

@@ -22,27 +22,8 @@ its own step (round), posted without waiting for the previous one since they are
 
 from __future__ import annotations
 
+from ...plan.schedules import scatter_schedule
 from .ring import all_gather as ring_all_gather
-
-
-def scatter_schedule(n: int, v: int) -> tuple[tuple[int, int, int] | None, list[tuple[int, int, int]]]:
-    """Relative rank v's binomial scatter: (recv (peer, lo, hi) or None, [send (peer, lo, hi), …]).
-
-    Peers are relative ranks; lo..hi are the chunk indices [lo, hi) moved in that message.
-    """
-    recv, mask = None, 1
-    while mask < n:
-        if v & mask:
-            recv = (v - mask, v, min(v + mask, n))
-            break
-        mask <<= 1
-    sends = []
-    mask >>= 1
-    while mask > 0:
-        if v + mask < n:
-            sends.append((v + mask, v + mask, min(v + 2 * mask, n)))
-        mask >>= 1
-    return recv, sends
 
 
 def _binomial_scatter(c, buf, bounds, root: int) -> None:

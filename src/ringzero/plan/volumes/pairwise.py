@@ -4,24 +4,18 @@ Rank r sends M[r][j] to every j != r and receives M[i][r] from every i != r, one
 (empty ones skipped), over n-1 steps — one round per step in which r sends or receives something.
 With every chunk non-empty: n-1 rounds, n-1 messages each way, Σ_j≠r M[r][j] out and
 Σ_i≠r M[i][r] in; for an even split of S that is (n-1)/n·S each way. The step at which r meets
-each peer follows `ringzero.comm.algorithms.pairwise.peers` (XOR partners for a power of two).
+each peer follows `ringzero.plan.schedules.peers` (XOR partners for a power of two).
 """
 
 from __future__ import annotations
 
 from ..comm_volume import Call, Tally, Volume
-
-
-def _peers(n: int, rank: int, step: int) -> tuple[int, int]:
-    """(destination, source) at `step`: the same schedule as the algorithm."""
-    if n & (n - 1) == 0:
-        return rank ^ step, rank ^ step
-    return (rank + step) % n, (rank - step) % n
+from ..schedules import peers
 
 
 def all_to_all(call: Call, rank: int) -> Volume:
     t = Tally(call.itemsize)
     for s in range(1, call.n):
-        dst, src = _peers(call.n, rank, s)
+        dst, src = peers(call.n, rank, s)
         t.step([call.matrix[rank][dst]], [call.matrix[src][rank]])
     return t.volume()

@@ -15,33 +15,17 @@ way in the all-gather: about 2·(n-1)/n·S in total per rank instead of the tree
 from __future__ import annotations
 
 from ..comm_volume import Call, Tally, Volume
+from ..schedules import scatter_schedule
 from .ring import _phase as ring_phase
-
-
-def _scatter_steps(n: int, v: int):
-    """Relative rank v's binomial scatter: (recv (lo, hi) or None, [send (lo, hi), ...])."""
-    recv, mask = None, 1
-    while mask < n:
-        if v & mask:
-            recv = (v, min(v + mask, n))
-            break
-        mask <<= 1
-    sends = []
-    mask >>= 1
-    while mask > 0:
-        if v + mask < n:
-            sends.append((v + mask, min(v + 2 * mask, n)))
-        mask >>= 1
-    return recv, sends
 
 
 def broadcast(call: Call, rank: int) -> Volume:
     n, sizes = call.n, call.sizes
     t = Tally(call.itemsize)
-    recv, sends = _scatter_steps(n, (rank - call.root) % n)
+    recv, sends = scatter_schedule(n, (rank - call.root) % n)
     if recv is not None:
-        t.step([], [sum(sizes[recv[0]:recv[1]])])
-    for lo, hi in sends:
+        t.step([], [sum(sizes[recv[1]:recv[2]])])
+    for _, lo, hi in sends:
         t.step([sum(sizes[lo:hi])], [])
     ring_phase(call, rank, -call.root, False, t)
     return t.volume()
