@@ -31,8 +31,14 @@ def _copy_back(t: torch.Tensor, flat: torch.Tensor) -> None:
         t.copy_(flat.view(t.shape))
 
 
-def _prepare(collective, algorithm, group, dtype, op, count, root=-1, extra=None, extra_check=None):
-    """Validate and return (group size, rank, resolved algorithm), or None if not in the group."""
+def _prepare(collective, algorithm, group, dtype, op, count, root=-1, extra=None, extra_check=None,
+             choice_count=None):
+    """Validate and return (group size, rank, resolved algorithm), or None if not in the group.
+
+    `count` is what every rank must agree on; `choice_count` (default `count`) the whole buffer
+    `select.choose` prices, in the convention of `plan.comm_volume.call_for`. A callable gets the
+    group size.
+    """
     registry.check_name(collective, algorithm)
     check_dtype(dtype, op, collective)
     if group is None:
@@ -47,7 +53,9 @@ def _prepare(collective, algorithm, group, dtype, op, count, root=-1, extra=None
         check.verify(group, collective, sig, extra, extra_check)
     if algorithm == "auto":
         itemsize = torch.empty((), dtype=dtype).element_size()
-        algorithm = select.choose(collective, n, count * itemsize, get_config().node_size(n))
+        whole = count if choice_count is None else choice_count
+        whole = whole(n) if callable(whole) else whole
+        algorithm = select.choose(collective, n, whole * itemsize, get_config().node_size(n))
     return n, rank, algorithm
 
 

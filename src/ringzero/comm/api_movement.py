@@ -70,7 +70,8 @@ def reduce_scatter(output, input_list, op=SUM, group=None, algorithm="auto"):
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
-    prep = _prepare("gather", algorithm, group, tensor.dtype, None, tensor.numel(), dst)
+    prep = _prepare("gather", algorithm, group, tensor.dtype, None, tensor.numel(), dst,
+                    choice_count=lambda n: n * tensor.numel())
     if prep is None:
         return
     n, rank, algorithm = prep
@@ -95,7 +96,8 @@ def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
 
 
 def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
-    prep = _prepare("scatter", algorithm, group, tensor.dtype, None, tensor.numel(), src)
+    prep = _prepare("scatter", algorithm, group, tensor.dtype, None, tensor.numel(), src,
+                    choice_count=lambda n: n * tensor.numel())
     if prep is None:
         return
     n, rank, algorithm = prep
@@ -135,6 +137,8 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
                             f"which expects {rows[j][m + i]}")
         return None
 
+    # "auto" must choose the same algorithm on every rank, and an uneven all-to-all gives each
+    # rank a different local size; so it prices the rank-independent count 0 (latency only).
     prep = _prepare("all_to_all", algorithm, group, ref.dtype, None, 0,
                     extra=send_sizes + recv_sizes, extra_check=sizes_agree)
     if prep is None:

@@ -190,6 +190,11 @@ def _summary(errs: np.ndarray) -> dict:
 
 
 CV_FOLDS = 3
+OWN_MARGIN = 0.8
+"""An own model must cut the held-out median error to below this fraction of the shared model's.
+On the development machine a bare win (1.0) kept models that fitted noise: across 30 pairs of
+(calibration run, later run) they picked worse than the shared model (83 % vs 84 % of cells);
+at 0.8 they pick as well (84 %) and are kept only where an algorithm really departs from it."""
 
 
 def _own_model(vols: list[list[Volume]], times: np.ndarray, shared: AlphaBetaGamma) -> AlphaBetaGamma | None:
@@ -197,7 +202,7 @@ def _own_model(vols: list[list[Volume]], times: np.ndarray, shared: AlphaBetaGam
 
     With 8 coefficients fitted to a few dozen noisy rows an algorithm's own model can fit its
     noise: it is kept only if, in a CV_FOLDS-fold cross-validation over its rows, the median
-    relative error on the held-out rows beats the shared model's on the same rows.
+    relative error on the held-out rows is below OWN_MARGIN times the shared model's.
     """
     if len(times) < MIN_ROWS_PER_ALGORITHM:
         return None
@@ -209,7 +214,7 @@ def _own_model(vols: list[list[Volume]], times: np.ndarray, shared: AlphaBetaGam
             if t:
                 held.append(abs(predict_row(v, model) - secs) / secs)
                 base.append(abs(predict_row(v, shared) - secs) / secs)
-    return _fit_rows(vols, times) if np.median(held) < np.median(base) else None
+    return _fit_rows(vols, times) if np.median(held) < OWN_MARGIN * np.median(base) else None
 
 
 def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None) -> Calibration:
