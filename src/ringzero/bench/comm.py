@@ -23,17 +23,11 @@ import torch
 from .. import launch
 from ..comm import cost, registry, select
 from ..comm.ops import SUPPORTED_DTYPES
+from ..plan.comm_volume import bus_factor
 from .comm_ranks import Job, element_count, rank_main
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))
 """1 KiB, 4 KiB, ..., 64 MiB."""
-
-BUS_FACTOR = {
-    "all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
-    "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0,
-}
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024 ** 2, "mib": 1024 ** 2, "g": 1024 ** 3,
           "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3}
@@ -160,7 +154,7 @@ def add_arguments(parser) -> None:
 def bandwidths(row: dict) -> tuple[float, float]:
     """(algbw, busbw) in GB/s (1e9 bytes/s, as nccl-tests)."""
     algbw = row["size"] / (row["time_us"] * 1e-6) / 1e9 if row["time_us"] > 0 else 0.0
-    return algbw, algbw * BUS_FACTOR[row["collective"]](row["world"])
+    return algbw, algbw * bus_factor(row["collective"], row["world"])
 
 
 def measure(job: Job, nproc: int, timeout: float = 3600.0) -> list[dict]:

@@ -150,6 +150,20 @@ class Tally:
         return Volume(self.sent * k, self.recv * k, self.msgs_sent, self.msgs_recv, self.rounds, self.reduced * k)
 
 
+def bus_factor(collective: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: the fraction of the buffer each rank must move at the least.
+
+    all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all, gather, scatter (n-1)/n;
+    broadcast and reduce 1 (nccl-tests doc/PERFORMANCE.md). It makes busbw comparable with the link
+    speed whatever the collective and world size.
+    """
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective in ("broadcast", "reduce"):
+        return 1.0
+    return (n - 1) / n
+
+
 def volume(call: Call, rank: int) -> Volume:
     """Rank `rank`'s traffic for `call` (exact, in bytes)."""
     key = (call.collective, call.algorithm)
