@@ -63,6 +63,13 @@ class Fold:
         return 2 * v if v < self.rem else v + self.rem
 
 
+def folded_out(c, buf, count: int, lo: int, hi: int) -> None:
+    """The fold on an even rank of the first 2·rem: hand the whole buffer to rank + 1, then
+    receive buf[lo:hi] back from it once the survivors are done."""
+    c.sendrecv([(c.rank + 1, buf[:count])])
+    c.sendrecv(recvs=[(c.rank + 1, buf[lo:hi])])
+
+
 def absorb(c, buf, scratch, peer: int) -> None:
     """Receive `peer`'s copy of `buf` into `scratch` and reduce it in (the fold's pre-step)."""
     c.sendrecv(recvs=[(peer, scratch)])
@@ -93,9 +100,7 @@ def all_reduce(c, buf, bounds) -> None:
     count = bounds[n]
     f = Fold(n, r)
     if f.extra:
-        c.sendrecv([(r + 1, buf[:count])])
-        c.sendrecv(recvs=[(r + 1, buf[:count])])
-        return
+        return folded_out(c, buf, count, 0, count)
     scratch = c.empty(count)
     if f.keeper:
         absorb(c, buf[:count], scratch, r - 1)

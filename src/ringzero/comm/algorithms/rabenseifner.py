@@ -34,7 +34,7 @@ power-of-two algorithm; at the end 2i+1 gives rank 2i its result.
 from __future__ import annotations
 
 from ...plan.chunks import chunk_bounds
-from .butterfly import Fold, absorb, gather_doubling
+from .butterfly import Fold, absorb, folded_out, gather_doubling
 
 
 def _halving_steps(f: Fold) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:
@@ -77,9 +77,7 @@ def reduce_scatter(c, buf, bounds) -> None:
     count = bounds[n]
     f = Fold(n, r)
     if f.extra:
-        c.sendrecv([(r + 1, buf[:count])])
-        c.sendrecv(recvs=[(r + 1, buf[bounds[r]:bounds[r + 1]])])
-        return
+        return folded_out(c, buf, count, bounds[r], bounds[r + 1])
     scratch = None
     if f.keeper:
         scratch = c.empty(count)
@@ -97,9 +95,7 @@ def all_reduce(c, buf, bounds) -> None:
     count = bounds[n]
     f = Fold(n, r)
     if f.extra:
-        c.sendrecv([(r + 1, buf[:count])])
-        c.sendrecv(recvs=[(r + 1, buf[:count])])
-        return
+        return folded_out(c, buf, count, 0, count)
     scratch = None
     if f.keeper:
         scratch = c.empty(count)
