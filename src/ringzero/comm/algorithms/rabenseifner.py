@@ -69,6 +69,16 @@ def scatter_halving(c, buf, sb, f: Fold, scratch=None) -> None:
         c.reduce(buf[sb[klo]:sb[khi]], scratch[:size])
 
 
+def _folded_in(c, buf, count: int, f: Fold):
+    """The fold on a keeper: reduce rank - 1's whole buffer into its own; the scratch it used
+    (reused by the halving rounds) or None on ranks that keep no partner."""
+    if not f.keeper:
+        return None
+    scratch = c.empty(count)
+    absorb(c, buf[:count], scratch, c.rank - 1)
+    return scratch
+
+
 def reduce_scatter(c, buf, bounds) -> None:
     """Recursive halving over uneven, rank-indexed chunks (fold as in the module doc)."""
     n, r = c.size, c.rank
@@ -78,10 +88,7 @@ def reduce_scatter(c, buf, bounds) -> None:
     f = Fold(n, r)
     if f.extra:
         return folded_out(c, buf, count, bounds[r], bounds[r + 1])
-    scratch = None
-    if f.keeper:
-        scratch = c.empty(count)
-        absorb(c, buf[:count], scratch, r - 1)
+    scratch = _folded_in(c, buf, count, f)
     scatter_halving(c, buf, [bounds[f.first(v)] for v in range(f.p + 1)], f, scratch)
     if f.keeper:
         c.sendrecv([(r - 1, buf[bounds[r - 1]:bounds[r]])])
@@ -96,10 +103,7 @@ def all_reduce(c, buf, bounds) -> None:
     f = Fold(n, r)
     if f.extra:
         return folded_out(c, buf, count, 0, count)
-    scratch = None
-    if f.keeper:
-        scratch = c.empty(count)
-        absorb(c, buf[:count], scratch, r - 1)
+    scratch = _folded_in(c, buf, count, f)
     sb = chunk_bounds(count, f.p)
     scatter_halving(c, buf, sb, f, scratch)
     gather_doubling(c, buf, sb, f)
