@@ -135,6 +135,7 @@ class _Net:
 
 
 class _ThreadComm:
+    async_p2p = True  # receives may be posted ahead of sends, as on gloo
     def __init__(self, net, rank, n, rpn=None):
         self.net, self.rank, self.size, self.itemsize, self.ranks_per_node = net, rank, n, 8, rpn
         self.posted = {p: [] for p in range(n)}  # src -> receives not yet filled, in posting order

@@ -31,6 +31,7 @@ class SubComm:
         self.rank = members.index(c.rank)
         self.size = len(members)
         self.ranks_per_node = None
+        self.async_p2p = c.async_p2p  # NCCL's lockstep rule holds inside a node too
 
     @property
     def itemsize(self) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 
-from .chunks import SEGMENT_BYTES, chunk_sizes
+from .chunks import SEGMENT_BYTES, chunk_sizes, n_segments
 
 # (collective, algorithm) -> module under ringzero.plan.volumes (the function is named after the collective)
 MODULES: dict[tuple[str, str], str] = {
@@ -133,7 +133,6 @@ class Tally:
 
         With `segment > 0` each message is cut into ceil(size/segment) pieces, as the ring does.
         """
-        from .chunks import n_segments
         s = [x for x in send if x > 0]
         r = [x for x in recv if x > 0]
         if not s and not r:

@@ -67,7 +67,7 @@ def _drive(c, buf, units, reduce: bool) -> None:
     right, left = (c.rank + 1) % c.size, (c.rank - 1) % c.size
     seg = max((hi - lo for _, _, (lo, hi), _ in units), default=0)
     rounds = _Rounds()
-    if not getattr(c, "async_p2p", True):
+    if not c.async_p2p:
         return _lockstep(c, buf, units, reduce, right, left, seg, rounds)
     slots = [c.empty(seg) for _ in range(DEPTH)] if reduce else []
     recvs, sends = [], []
