@@ -52,5 +52,7 @@ many bytes so that sending, receiving and reducing overlap (`ringzero.comm.algor
 
 
 def n_segments(size: int, segment: int) -> int:
-    """How many pieces `segments(size, segment)` makes."""
-    return len(segments(size, segment))
+    """How many pieces `segments(size, segment)` makes (without building them)."""
+    if size <= 0:
+        return 0
+    return 1 if segment <= 0 else -(-size // segment)

@@ -20,15 +20,22 @@ from ..comm_volume import Call, Volume
 from . import ring, tree
 
 
-def all_reduce(call: Call, rank: int) -> Volume:
+def parts(call: Call, rank: int) -> tuple[Volume, Volume]:
+    """(intra-node, inter-node) traffic of `rank`: the node's reduce + broadcast, and the leaders'
+    ring (zero for non-leaders and single-node groups). The planner prices them on different links."""
     n, k, count = call.n, call.node_size, call.count
     first = rank - rank % k
     local, node_size = rank - first, min(first + k, n) - first
-    intra_up = tree.whole(node_size, count, call.itemsize, local, up=True)
-    intra_down = tree.whole(node_size, count, call.itemsize, local, up=False)
+    intra = (tree.whole(node_size, count, call.itemsize, local, up=True)
+             + tree.whole(node_size, count, call.itemsize, local, up=False))
     m = -(-n // k)
     if local or m == 1:
-        return intra_up + intra_down
+        return intra, Volume()
     leaders = Call(collective="all_reduce", algorithm="ring", n=m, sizes=tuple(chunk_sizes(count, m)),
                    itemsize=call.itemsize, segment_bytes=call.segment_bytes)
-    return intra_up + ring.all_reduce(leaders, rank // k) + intra_down
+    return intra, ring.all_reduce(leaders, rank // k)
+
+
+def all_reduce(call: Call, rank: int) -> Volume:
+    intra, inter = parts(call, rank)
+    return intra + inter

@@ -1,0 +1,111 @@
+"""Activation memory: the bytes saved for backward (seed 000 §9.4.4; Korthikanti et al. 2022).
+
+Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer Models", §4.1) count
+every tensor one transformer block keeps for its backward, in fp16 with dropout and eager
+attention, per micro-batch of b sequences of s tokens, hidden h, a heads:
+
+    attention  11·sbh + 5·a·s²·b    QKV input 2, Q and K 4, V 2, output-projection input 2,
+                                    dropout mask 1 (·sbh); softmax output 2, its dropout mask 1,
+                                    dropout output 2 (·a·s²·b)
+    MLP        19·sbh               fc1 input 2, GELU input 8, fc2 input 8, dropout mask 1
+    norms       4·sbh               the two LayerNorm inputs
+    block      34·sbh + 5·a·s²·b    bytes                                    (`KORTHIKANTI`)
+
+`layer_terms` itemises the same tensors for any shape and setting, so each term can be checked
+against what autograd saves: p bytes per value (2 for fp16/bf16, 4 for fp32) and 1 per dropout
+mask; K and V shrink by kv_heads/heads under grouped-query attention; the MLP holds
+ffn-wide tensors (4h by default: the 8·sbh terms) and, gated (SwiGLU), four of them (both up
+projections, the SiLU output and their product). Without dropout the masks and the dropout
+output vanish. Flash attention (Dao et al. 2022) stores no s x s tensor, only an fp32
+log-sum-exp per head and row (4·a·s·b bytes).
+
+Tensor parallelism over t ranks splits everything between the column- and row-parallel linears
+(by t); the norms' inputs, the QKV/fc1 inputs and the block's dropout masks stay replicated
+unless sequence parallelism splits them too (Korthikanti eq. 2 and 3:
+sbh·(10 + 24/t + 5as/(ht)) and sbh/t·(34 + 5as/h)).
+
+Recomputation: "selective" drops the s x s terms (they are recomputed from Q and K: eq. 4,
+34·sbh/t with sequence parallelism); "full" keeps only each block's input (2·sbh, /t with
+sequence parallelism) and re-runs the block in backward, when one block's activations are live
+again at once (`activation_bytes` adds that working set).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .shapes import ModelShape
+
+KORTHIKANTI_SBH = 34
+KORTHIKANTI_AS2B = 5
+
+
+def korthikanti(b: int, s: int, h: int, a: int) -> int:
+    """Seed 000 §9.4.4: 34·b·s·h + 5·a·s²·b bytes per layer (fp16, dropout, eager, no TP)."""
+    return KORTHIKANTI_SBH * b * s * h + KORTHIKANTI_AS2B * a * s * s * b
+
+
+def layer_terms(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, dropout: bool = True,
+                flash: bool = False, tp: int = 1, sp: bool = False,
+                recompute: str = "none") -> dict[str, float]:
+    """Bytes each saved tensor of one block takes per micro-batch, by name (see the module doc)."""
+    p, t = value_bytes, tp
+    sbh, sbf = s * b * m.hidden, s * b * m.ffn_dim
+    rep = t if sp else 1                     # replicated tensors are split only with SP
+    if recompute == "full":
+        return {"block_input": p * sbh / rep}
+    kv = m.kv / m.heads
+    terms = {
+        "norm_inputs": 2 * p * sbh / rep,
+        "qkv_input": p * sbh / rep,
+        "q": p * sbh / t,
+        "k_v": 2 * p * sbh * kv / t,
+        "attention_out": p * sbh / t,        # input of the output projection
+        "fc1_input": p * sbh / rep,
+        "mlp_inner": (4 if m.gated else 2) * p * sbf / t,
+    }
+    if dropout:
+        terms["dropout_masks"] = 2 * sbh / rep   # after attention and after the MLP, 1 byte each
+    scores = m.heads * s * s * b / t
+    if flash:
+        terms["softmax_lse"] = 4 * m.heads * s * b / t
+    elif recompute != "selective":
+        terms["softmax"] = p * scores
+        if dropout:
+            terms["attention_dropout"] = (p + 1) * scores    # output and mask
+    return terms
+
+
+def layer_bytes(m: ModelShape, b: int, s: int, **kw) -> float:
+    """Bytes one block saves for backward per micro-batch (sum of `layer_terms`)."""
+    return sum(layer_terms(m, b, s, **kw).values())
+
+
+def inflight_microbatches(pp: int, microbatches: int, schedule: str) -> int:
+    """Micro-batches whose activations the first stage holds at once: all of them with GPipe,
+    at most pp with 1F1B (Narayanan et al. 2021, §2.2)."""
+    if pp == 1:
+        return 1
+    return microbatches if schedule == "gpipe" else min(pp, microbatches)
+
+
+def activation_bytes(m: ModelShape, b: int, s: int, *, pp: int = 1, microbatches: int = 1,
+                     schedule: str = "1f1b", recompute: str = "none", **kw) -> float:
+    """Peak bytes of activations on the busiest GPU (the first pipeline stage).
+
+    ceil(L/pp) blocks x the micro-batches in flight, plus, with full recomputation, one block's
+    activations rebuilt during its backward. Embedding and loss tensors are not included: they
+    are O(sbh + sbV) once, not per layer (`head_bytes`).
+    """
+    layers = math.ceil(m.layers / pp)
+    held = layers * inflight_microbatches(pp, microbatches, schedule)
+    total = held * layer_bytes(m, b, s, recompute=recompute, **kw)
+    if recompute == "full":
+        total += layer_bytes(m, b, s, recompute="none", **kw)
+    return total
+
+
+def head_bytes(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, tp: int = 1) -> float:
+    """The output layer's saved tensors: final-norm input and head input (p·sbh each) and the fp32
+    logits the cross-entropy keeps (4·s·b·V/t, Korthikanti et al. §4.1)."""
+    return 2 * value_bytes * s * b * m.hidden + 4 * s * b * m.vocab / tp

@@ -1,0 +1,118 @@
+"""What is trained and how it is split: the planner's typed, validated inputs (besides the model
+shape and the hardware).
+
+`Training` is the step (micro-batch, global batch, tokens, precision, optimizer); `Parallel` the
+rank grid and the memory techniques (seed 000 §9.3-9.4, seed 004 §2-§6). Both are frozen and
+reject an unsupported value with a one-line error naming what is allowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adam", "sgd-momentum")
+OFFLOADS = ("none", "cpu", "nvme")
+SCHEDULES = ("gpipe", "1f1b")
+RECOMPUTES = ("none", "selective", "full")
+DP_ALGORITHMS = ("auto", "ring", "naive", "tree", "butterfly", "rabenseifner", "hierarchical")
+
+
+def _choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what}={value!r} is not supported; allowed: {', '.join(allowed)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training:
+    """One optimizer step: how many sequences, in what precision, with which optimizer."""
+
+    micro_batch: int = 1
+    """Sequences per GPU per forward/backward pass (b)."""
+    global_batch: int | None = None
+    """Sequences per optimizer step over all data-parallel ranks (None: micro_batch x dp, i.e. no
+    gradient accumulation). Must be a multiple of micro_batch x dp."""
+    tokens: float | None = None
+    """Training tokens D for the totals (FLOPs, days); None: 20 per parameter (Chinchilla)."""
+    precision: str = "bf16"
+    """"fp32", or "bf16"/"fp16": 16-bit parameters and gradients with fp32 master weights and
+    optimizer moments (seed 000 §9.2.1: 2 + 2 + 12 bytes per parameter with Adam)."""
+    optimizer: str = "adam"
+    """"adam" (two fp32 moments) or "sgd-momentum" (one)."""
+    dropout: bool = True
+    """Dropout in attention and after each block (its masks are activations, Korthikanti et al.)."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1:
+            raise ValueError(f"micro_batch must be >= 1, got {self.micro_batch}")
+        if self.global_batch is not None and self.global_batch < 1:
+            raise ValueError(f"global_batch must be >= 1, got {self.global_batch}")
+        if self.tokens is not None and not self.tokens > 0:
+            raise ValueError(f"tokens must be > 0, got {self.tokens}")
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+
+    @property
+    def bytes_per_value(self) -> int:
+        """Bytes of one parameter, gradient or activation element in compute precision."""
+        return 4 if self.precision == "fp32" else 2
+
+    def sequences_per_step(self, dp: int) -> int:
+        return self.global_batch or self.micro_batch * dp
+
+    def accumulation(self, dp: int) -> int:
+        """Micro-batches each data-parallel rank runs per step (the pipeline's m)."""
+        per_rank = self.micro_batch * dp
+        if self.sequences_per_step(dp) % per_rank:
+            raise ValueError(f"global_batch={self.global_batch} must be a multiple of "
+                             f"micro_batch x dp = {self.micro_batch} x {dp}")
+        return self.sequences_per_step(dp) // per_rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class Parallel:
+    """The rank grid dp x tp x pp and the memory techniques applied to it."""
+
+    dp: int = 1
+    """Data-parallel ranks (the ZeRO sharding degree N_d)."""
+    tp: int = 1
+    """Tensor-parallel ranks (Megatron-LM column/row split; seed 004 §3)."""
+    pp: int = 1
+    """Pipeline stages (seed 004 §4)."""
+    zero: int = 0
+    """ZeRO stage 0-3 over the data-parallel group (seed 000 §9.4.2)."""
+    offload: str = "none"
+    """Where the optimizer states live: "none" (GPU), "cpu" (ZeRO-Offload), "nvme" (ZeRO-Infinity)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropout split over the tp ranks (needs tp > 1)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: "gpipe" (all micro-batches in flight) or "1f1b" (at most pp)."""
+    recompute: str = "none"
+    """Activation recomputation: "none", "selective" (attention core) or "full" (whole block)."""
+    flash_attention: bool = False
+    """Fused attention: the s x s scores are never stored (Dao et al. 2022)."""
+    dp_algorithm: str = "auto"
+    """All-reduce algorithm of the gradient sync ("auto": the cheapest under the α-β model)."""
+    bucket_mb: float = 25.0
+    """Gradient bucket size in MiB (DDP's default is 25)."""
+
+    def __post_init__(self) -> None:
+        for k in ("dp", "tp", "pp"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"zero={self.zero!r} is not supported; allowed: 0, 1, 2, 3")
+        _choice("offload", self.offload, OFFLOADS)
+        _choice("schedule", self.schedule, SCHEDULES)
+        _choice("recompute", self.recompute, RECOMPUTES)
+        _choice("dp_algorithm", self.dp_algorithm, DP_ALGORITHMS)
+        if self.offload != "none" and self.zero == 0:
+            raise ValueError(f"offload={self.offload!r} needs zero >= 1 (ZeRO-Offload shards the optimizer)")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel needs tp > 1")
+        if not self.bucket_mb > 0:
+            raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp

@@ -1,0 +1,126 @@
+"""The whole plan for one configuration: size, compute, memory, communication and time together,
+and its stable JSON form (`to_dict`, schema "ringzero.plan/1", documented in the README).
+
+Units: bytes, seconds, FLOPs, tokens; per GPU means the busiest GPU; per step means one optimizer
+step over the global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from . import flops
+from .config import Parallel, Training
+from .hardware import Hardware
+from .memory import Memory, memory
+from .shapes import ModelShape, ParamCount, approx_params, param_count
+from .step_time import StepTime, comm_ops, op_seconds, step_time
+from .strategy_comm import KINDS, CommOp
+
+SCHEMA = "ringzero.plan/1"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Everything `ringzero plan` prints for one configuration."""
+
+    model: ModelShape
+    training: Training
+    parallel: Parallel
+    hardware: Hardware
+    params: ParamCount
+    tokens: float
+    """Training tokens D (given, or 20 per parameter)."""
+    memory: Memory
+    ops: tuple[CommOp, ...]
+    time: StepTime
+    days: float | None = None
+    """Target training time for `gpus_for_days`, if asked."""
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.total <= self.hardware.hbm_bytes
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.training.sequences_per_step(self.parallel.dp) * self.model.seq
+
+    @property
+    def flops_per_step(self) -> float:
+        """Hardware FLOPs of one step (recomputation included)."""
+        return flops.hardware_flops_per_token(self.params.total, self.parallel.recompute, self.model) \
+            * self.tokens_per_step
+
+    @property
+    def flops_total(self) -> float:
+        return flops.training_flops(self.params.total, self.tokens, self.parallel.recompute, self.model)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_per_step / self.time.step
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation implied by the step time (6N per token, PaLM's definition)."""
+        return flops.model_flops_per_token(self.params.total) * self.tokens_per_s / (
+            self.parallel.gpus * self.hardware.peak_flops)
+
+    def comm_bytes(self, kind: str) -> float:
+        """Bytes the busiest GPU sends per step for `kind` ("dp", "zero", "tp", "pp")."""
+        return sum(o.bytes_sent for o in self.ops if o.kind == kind)
+
+
+def estimate(m: ModelShape, tr: Training, par: Parallel, hw: Hardware, *, days: float | None = None) -> Estimate:
+    """Plan configuration (`m`, `tr`, `par`) on `hw`."""
+    tr.accumulation(par.dp)      # validates the global batch against micro_batch x dp
+    params = param_count(m)
+    tokens = tr.tokens if tr.tokens is not None else 20.0 * params.total
+    ops = tuple(comm_ops(m, tr, par, hw))
+    return Estimate(model=m, training=tr, parallel=par, hardware=hw, params=params, tokens=tokens,
+                    memory=memory(m, tr, par), ops=ops, time=step_time(m, tr, par, hw, list(ops)),
+                    days=days)
+
+
+def _op_dict(o: CommOp, hw: Hardware) -> dict:
+    v = o.volume()
+    return {"kind": o.kind, "what": o.what, "collective": o.collective, "algorithm": o.algorithm,
+            "group": o.group, "link": "network" if o.spans_nodes else "nvlink", "calls": o.calls,
+            "bytes_per_call": v.bytes_sent, "rounds_per_call": v.rounds, "bytes": o.bytes_sent,
+            "seconds": op_seconds(o, hw), "overlaps": o.overlap}
+
+
+def to_dict(e: Estimate) -> dict:
+    """The JSON form (schema "ringzero.plan/1"; keys are stable, values in bytes/seconds/FLOPs)."""
+    mem, t, hw = e.memory, e.time, e.hardware
+    out = {
+        "schema": SCHEMA,
+        "inputs": {"model": dataclasses.asdict(e.model), "training": dataclasses.asdict(e.training),
+                   "parallel": dataclasses.asdict(e.parallel), "hardware": dataclasses.asdict(hw),
+                   "gpus": e.parallel.gpus, "tokens": e.tokens},
+        "params": e.params.total,
+        "params_approx": approx_params(e.model.layers, e.model.hidden),
+        "params_by_component": {k: getattr(e.params, k) for k in
+                                ("embedding", "positions", "attention", "mlp", "norms", "head")},
+        "flops_per_step": e.flops_per_step,
+        "flops_total": e.flops_total,
+        "memory": {"params": mem.params, "grads": mem.grads, "optimizer": mem.optimizer,
+                   "activations": mem.activations, "buffers": mem.buffers, "total": mem.total,
+                   "offloaded": mem.offloaded, "hbm": hw.hbm_bytes},
+        "fits": e.fits,
+        "comm": {k: e.comm_bytes(k) for k in KINDS},
+        "comm_ops": [_op_dict(o, hw) for o in e.ops],
+        "time": {"compute": t.compute, "forward": t.forward, "backward": t.backward, "comm": t.comm,
+                 "exposed_comm": t.exposed_comm, "bubble": t.bubble, "offload": t.offload,
+                 "step": t.step},
+        "bubble_fraction": t.bubble_fraction,
+        "mfu": e.mfu,
+        "tokens_per_s": e.tokens_per_s,
+        "training_days": {
+            "at_target_mfu": flops.training_days(e.flops_total, e.parallel.gpus, hw.peak_flops, hw.mfu),
+            "at_step_time": e.tokens / e.tokens_per_s / flops.SECONDS_PER_DAY},
+    }
+    if e.days is not None:
+        out["gpus_for_days"] = {"days": e.days,
+                                "gpus": flops.gpus_needed(e.flops_total, e.days, hw.peak_flops, hw.mfu)}
+    return out

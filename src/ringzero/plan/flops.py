@@ -1,0 +1,54 @@
+"""Training compute: FLOPs, days and GPUs (seed 000 §9.1.2-9.1.3).
+
+    FLOPs ≈ 6·N·D
+
+2 FLOPs per parameter per token forward (one multiply, one add) and 4 backward (gradients with
+respect to activations and to weights). Full activation recomputation runs the forward twice,
+8·N·D (Korthikanti et al. 2022, §5). Selective recomputation re-runs only the attention core:
+QKᵀ and the attention-weighted sum of V, 2·2·s·h FLOPs per token per layer (Korthikanti et al.,
+§4.2 cost this at a few percent). The model FLOPs (what MFU counts) stay 6·N·D in every case.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .shapes import ModelShape
+
+SECONDS_PER_DAY = 86_400
+
+
+def model_flops_per_token(n_params: int) -> float:
+    """6N: the FLOPs MFU counts, whatever is recomputed."""
+    return 6.0 * n_params
+
+
+def hardware_flops_per_token(n_params: int, recompute: str = "none", model: ModelShape | None = None) -> float:
+    """FLOPs the GPUs execute per token: 6N, 8N with full recomputation, 6N + 4·L·s·h selective."""
+    if recompute == "full":
+        return 8.0 * n_params
+    if recompute == "selective":
+        if model is None:
+            raise ValueError("selective recomputation FLOPs need the model shape")
+        return 6.0 * n_params + 4.0 * model.layers * model.seq * model.hidden
+    return 6.0 * n_params
+
+
+def training_flops(n_params: int, tokens: float, recompute: str = "none", model: ModelShape | None = None) -> float:
+    """Total FLOPs to train on `tokens` tokens (seed: 6 x 1.75e11 x 3e11 ≈ 3.14e23)."""
+    return hardware_flops_per_token(n_params, recompute, model) * tokens
+
+
+def sustained_flops(total_flops: float, days: float) -> float:
+    """FLOP/s needed to finish in `days` (seed: 3.14e23 in 30 days ≈ 1.2e17 FLOP/s)."""
+    return total_flops / (days * SECONDS_PER_DAY)
+
+
+def training_days(total_flops: float, gpus: int, peak_flops: float, mfu: float) -> float:
+    """Days on `gpus` GPUs of `peak_flops` each running at `mfu`."""
+    return total_flops / (gpus * peak_flops * mfu) / SECONDS_PER_DAY
+
+
+def gpus_needed(total_flops: float, days: float, peak_flops: float, mfu: float) -> int:
+    """GPUs to finish in `days` at `mfu` (seed 000 §9.1.3: 175B on A100s in 30 days at 50 %)."""
+    return math.ceil(sustained_flops(total_flops, days) / (peak_flops * mfu))

@@ -1,0 +1,137 @@
+"""Memory per GPU: model states under DP, ZeRO-1/2/3, offload and TP/PP (seed 000 §9.2, §9.4.2-9.4.3;
+seed 004 Q6), plus activations and communication buffers.
+
+Bytes per parameter (seed 000 §9.2.1-9.2.2; ZeRO paper, Rajbhandari et al. 2020, §3.1):
+
+    precision   weights  grads  Adam states                     SGD-momentum states
+    bf16/fp16      2       2    12 = fp32 master + m + v        8 = fp32 master + momentum
+    fp32           4       4     8 = m + v (weights are fp32)   4 = momentum
+
+so mixed-precision Adam is the ZeRO paper's 16Ψ: 2Ψ + 2Ψ + 12Ψ. With Ψ' = Ψ/(tp·pp) parameters
+per model-parallel rank (seed 004 Q6 divides evenly; stages are assumed balanced) and N_d = dp,
+ZeRO shards over the data-parallel group, ceil(Ψ'/N_d) each (the padding to equal shards):
+
+    stage 0   2Ψ' + 2Ψ' + 12Ψ'
+    stage 1   2Ψ' + 2Ψ' + 12Ψ'/N_d
+    stage 2   2Ψ' + (2 + 12)Ψ'/N_d
+    stage 3   16Ψ'/N_d
+
+Offload (ZeRO-Offload / ZeRO-Infinity, §9.4.3) moves the optimizer states to CPU memory or NVMe:
+they leave the GPU total and appear as `offloaded`.
+
+Buffers: DP and ZeRO-1/2 keep two gradient buckets (one filling while the other is reduced;
+DDP's `bucket_cap_mb`, 25 MiB by default); ZeRO-3 holds the gathered weights of the current and
+the prefetched layer plus the current layer's full gradient before its reduce-scatter (FSDP's
+limit of one layer in flight); a pipeline stage holds one send and one receive activation buffer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import activations as act
+from .config import Parallel, Training
+from .shapes import ModelShape, param_count
+
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model state."""
+
+    weights: int
+    grads: int
+    optimizer: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.grads + self.optimizer
+
+
+def state_bytes(precision: str, optimizer: str) -> StateBytes:
+    """The per-parameter bytes of the table above."""
+    mixed = precision != "fp32"
+    moments = 2 if optimizer == "adam" else 1
+    return StateBytes(weights=2 if mixed else 4, grads=2 if mixed else 4,
+                      optimizer=4 * moments + (4 if mixed else 0))
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes per GPU (the busiest one)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    offloaded: float = 0.0
+    """Optimizer bytes moved to CPU memory or NVMe (not in `total`)."""
+
+    @property
+    def model_states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.model_states + self.activations + self.buffers
+
+
+def model_parallel_params(n_params: int, tp: int = 1, pp: int = 1) -> int:
+    """Ψ' = ceil(Ψ / (tp·pp)): the parameters one model-parallel rank owns (seed 004 Q6)."""
+    return math.ceil(n_params / (tp * pp))
+
+
+def model_states(n_params: int, sb: StateBytes, dp: int = 1, zero: int = 0, tp: int = 1, pp: int = 1,
+                 offload: str = "none") -> tuple[float, float, float, float]:
+    """(params, grads, optimizer, offloaded) bytes per GPU for the ZeRO table above."""
+    local = model_parallel_params(n_params, tp, pp)
+    shard = math.ceil(local / dp)
+    params = (shard if zero >= 3 else local) * sb.weights
+    grads = (shard if zero >= 2 else local) * sb.grads
+    optimizer = (shard if zero >= 1 else local) * sb.optimizer
+    if offload != "none":
+        return params, grads, 0.0, optimizer
+    return params, grads, optimizer, 0.0
+
+
+def zero_formula(n_params: float, dp: int, stage: int, k: int = 12) -> float:
+    """The ZeRO paper's closed forms with K = 12 (seed 000 §9.4.2): 2Ψ+2Ψ+KΨ/N, 2Ψ+(2+K)Ψ/N, (4+K)Ψ/N."""
+    psi = n_params
+    return {0: (4 + k) * psi, 1: 4 * psi + k * psi / dp, 2: 2 * psi + (2 + k) * psi / dp,
+            3: (4 + k) * psi / dp}[stage]
+
+
+def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> float:
+    """Communication buffers (see the module doc)."""
+    sb = state_bytes(tr.precision, tr.optimizer)
+    layer = param_count(m).per_layer / par.tp
+    if par.zero >= 3:
+        buffers = layer * (2 * sb.weights + sb.grads)
+    elif par.dp > 1:
+        grads = model_parallel_params(param_count(m).total, par.tp, par.pp) * sb.grads
+        buffers = min(2 * par.bucket_mb * MiB, grads)
+    else:
+        buffers = 0.0
+    if par.pp > 1:
+        split = par.tp if par.sequence_parallel else 1
+        buffers += 2 * tr.micro_batch * m.seq * m.hidden * tr.bytes_per_value / split
+    return buffers
+
+
+def memory(m: ModelShape, tr: Training, par: Parallel) -> Memory:
+    """Bytes per GPU on the busiest rank: model states, activations, buffers (the `Memory` fields)."""
+    n = param_count(m).total
+    params, grads, optimizer, offloaded = model_states(
+        n, state_bytes(tr.precision, tr.optimizer), par.dp, par.zero, par.tp, par.pp, par.offload)
+    kw = dict(value_bytes=tr.bytes_per_value, dropout=tr.dropout, flash=par.flash_attention,
+              tp=par.tp, sp=par.sequence_parallel)
+    activations = act.activation_bytes(
+        m, tr.micro_batch, m.seq, pp=par.pp, microbatches=tr.accumulation(par.dp),
+        schedule=par.schedule, recompute=par.recompute, **kw)
+    if par.pp == 1:
+        activations += act.head_bytes(m, tr.micro_batch, m.seq, value_bytes=tr.bytes_per_value, tp=par.tp)
+    return Memory(params=params, grads=grads, optimizer=optimizer, activations=activations,
+                  buffers=buffer_bytes(m, tr, par), offloaded=offloaded)

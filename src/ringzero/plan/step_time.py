@@ -1,0 +1,160 @@
+"""Time per optimizer step: compute, communication on the right link, overlap, bubble, offload.
+
+- Compute (seed 000 §9.1.3): the hardware FLOPs of the step divided over the GPUs, at peak x MFU.
+  Forward is 1/3 of 6N and backward 2/3; full recomputation adds one forward to backward.
+- Communication: Hockney's α-β model (seed 000 §9.3.7, T = α + β·S) on each call's busiest rank:
+  rounds·α + max(bytes sent, received)/bandwidth, with the exact rounds and bytes of
+  `plan.comm_volume`. A group inside one node uses NVLink (intra_bw, intra_alpha); a group spanning
+  nodes is as fast as its slowest link, the network, except the hierarchical all-reduce of
+  §9.3.7, whose node-local reduce and broadcast run on NVLink and whose leaders' ring on the
+  network. `dp_algorithm="auto"` takes the all-reduce with the least time.
+- Overlap: gradient collectives launched from backward hooks (DDP buckets, ZeRO-1/2 reduce-scatter,
+  ZeRO-3's backward all-gather and reduce-scatter) hide behind the backward of the last
+  micro-batch; ZeRO-3's forward all-gather behind forward (prefetch). At least the last bucket
+  (or layer) is exposed. TP and PP communication sits on the critical path (Megatron-LM).
+- Pipeline bubble (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021): (p-1)/(m+p-1) of the
+  step, i.e. (p-1)/m x the compute time.
+- Offload (ZeRO-Offload, seed 000 §9.4.3): gradients go down and weights come back over PCIe and
+  the CPU runs the optimizer (`CPU_ADAM_PARAMS_PER_S`); with NVMe the optimizer states are also read
+  and written at `nvme_bw`. All exposed: ringzero models no delayed parameter update.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from . import flops
+from .comm_volume import Volume
+from .config import Parallel, Training
+from .hardware import Hardware
+from .memory import model_parallel_params, state_bytes
+from .shapes import ModelShape, param_count
+from .strategy_comm import (CommOp, data_parallel_ops, hierarchical_parts, pipeline_ops,
+                            tensor_parallel_ops)
+
+ALL_REDUCE_CHOICES = ("ring", "tree", "butterfly", "rabenseifner", "hierarchical", "naive")
+CPU_ADAM_PARAMS_PER_S = 1e9
+"""Parameters per second the host updates for one GPU's shard: an assumption of the order of
+DeepSpeed's vectorised CPU-Adam on a many-core host (ZeRO-Offload, Ren et al. 2021, §5);
+calibrate on your own host."""
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds per optimizer step on the busiest GPU."""
+
+    forward: float
+    backward: float
+    comm: float
+    """All communication, hidden or not."""
+    exposed_comm: float
+    """The part of `comm` not hidden behind compute."""
+    bubble: float
+    offload: float
+    bubble_fraction: float
+    comm_by_kind: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def compute(self) -> float:
+        return self.forward + self.backward
+
+    @property
+    def step(self) -> float:
+        return self.compute + self.exposed_comm + self.bubble + self.offload
+
+
+def _tier_seconds(v: Volume, alpha: float, bw: float) -> float:
+    return v.rounds * alpha + max(v.bytes_sent, v.bytes_recv) / bw
+
+
+@lru_cache(maxsize=65536)
+def _call_seconds(op: CommOp, hw: Hardware) -> float:
+    if op.collective == "all_reduce" and op.algorithm == "hierarchical" and op.spans_nodes:
+        intra, inter = hierarchical_parts(op.group, op.count, op.itemsize, op.node_size)
+        return (_tier_seconds(intra, hw.intra_alpha, hw.intra_bw)
+                + _tier_seconds(inter, hw.inter_alpha, hw.inter_bw))
+    if op.spans_nodes:
+        return _tier_seconds(op.volume(), hw.inter_alpha, hw.inter_bw)
+    return _tier_seconds(op.volume(), hw.intra_alpha, hw.intra_bw)
+
+
+@lru_cache(maxsize=4096)
+def fastest_all_reduce(n: int, count: int, itemsize: int, node_size: int, hw: Hardware) -> str:
+    """The all-reduce algorithm with the least modelled time for this buffer and group."""
+    def seconds(algorithm: str) -> float:
+        return _call_seconds(CommOp("dp", "", "all_reduce", algorithm, n, count, itemsize, 1,
+                                    node_size, "backward"), hw)
+    return min(ALL_REDUCE_CHOICES, key=seconds)
+
+
+def op_seconds(op: CommOp, hw: Hardware) -> float:
+    """Seconds `op` takes per step (all its calls)."""
+    return op.calls * _call_seconds(op, hw)
+
+
+def comm_ops(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> list[CommOp]:
+    """Every collective of a step, with `dp_algorithm="auto"` resolved to the fastest all-reduce."""
+    gpn = hw.gpus_per_node
+    algo = par.dp_algorithm
+    if algo == "auto":
+        algo = "ring"
+        if par.zero == 0 and par.dp > 1:
+            (op,) = data_parallel_ops(m, tr, par, gpn, algo)
+            algo = fastest_all_reduce(op.group, op.count, op.itemsize, op.node_size, hw)
+    return (data_parallel_ops(m, tr, par, gpn, algo) + tensor_parallel_ops(m, tr, par, gpn)
+            + pipeline_ops(m, tr, par, gpn))
+
+
+def _exposed(ops: list[CommOp], hw: Hardware, hide: float, pieces: int) -> float:
+    """Exposed seconds of `ops` launched during `hide` seconds of compute: what does not fit, and
+    at least the last of `pieces` pieces, which starts when the compute ends."""
+    total = sum(op_seconds(o, hw) for o in ops)
+    return max(total - hide, total / max(1, pieces)) if total else 0.0
+
+
+def offload_seconds(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> float:
+    """Host round trip of the optimizer step (see the module doc); 0 without offload."""
+    if par.offload == "none":
+        return 0.0
+    sb = state_bytes(tr.precision, tr.optimizer)
+    shard = math.ceil(model_parallel_params(param_count(m).total, par.tp, par.pp) / par.dp)
+    seconds = shard * (sb.grads + sb.weights) / hw.pcie_bw + shard / CPU_ADAM_PARAMS_PER_S
+    if par.offload == "nvme":
+        seconds += 2 * shard * sb.optimizer / hw.nvme_bw
+    return seconds
+
+
+def step_time(m: ModelShape, tr: Training, par: Parallel, hw: Hardware,
+              ops: list[CommOp] | None = None) -> StepTime:
+    """Seconds per step of configuration (`m`, `tr`, `par`) on `hw` (the module doc's model)."""
+    n = param_count(m).total
+    micro = tr.accumulation(par.dp)
+    tokens = tr.sequences_per_step(par.dp) * m.seq
+    rate = hw.peak_flops * hw.mfu * par.gpus
+    forward = 2.0 * n * tokens / rate
+    backward = flops.hardware_flops_per_token(n, par.recompute, m) * tokens / rate - forward
+    ops = comm_ops(m, tr, par, hw) if ops is None else ops
+    by_kind: dict[str, float] = {}
+    for o in ops:
+        by_kind[o.kind] = by_kind.get(o.kind, 0.0) + op_seconds(o, hw)
+    buckets = max(1, math.ceil(sum(o.count * o.itemsize for o in ops if o.kind == "dp")
+                               / (par.bucket_mb * 2**20)))
+    layers = math.ceil(m.layers / par.pp)
+    exposed = sum(op_seconds(o, hw) for o in ops if o.overlap == "none")
+    exposed += _exposed([o for o in ops if o.overlap == "forward"], hw, forward, layers)
+    # DP and ZeRO-1 sync once, behind the last micro-batch's backward; ZeRO-2/3 every micro-batch.
+    per_micro = par.zero >= 2
+    exposed += _exposed([o for o in ops if o.overlap == "backward"], hw,
+                        backward if per_micro else backward / micro, layers if per_micro else buckets)
+    fraction = (par.pp - 1) / (micro + par.pp - 1)
+    return StepTime(forward=forward, backward=backward, comm=sum(by_kind.values()),
+                    exposed_comm=exposed, bubble=(forward + backward) * (par.pp - 1) / micro,
+                    offload=offload_seconds(m, tr, par, hw), bubble_fraction=fraction,
+                    comm_by_kind=by_kind)
+
+
+def transfer_seconds(nbytes: float, bandwidth: float, alpha: float = 0.0) -> float:
+    """One message: α + S/B (seed 000 §9.2.4: 350 GB at 50 GB/s ≈ 7 s, at 1.8 TB/s ≈ 0.2 s)."""
+    return alpha + nbytes / bandwidth

@@ -1,0 +1,172 @@
+"""Bytes on the wire per GPU per step, for each parallel strategy (seed 004 §2-§6, seed 000 §9.3-9.4).
+
+Each strategy is a list of `CommOp`s: a collective on a group, how often it runs per optimizer
+step, and its exact traffic from `plan.comm_volume.volume` (the formulas the traffic meter is
+tested against), taken on group rank 0, the busiest rank of every algorithm (the root of naive and
+tree, a node leader of hierarchical). Φ below is the gradient/weight bytes one model-parallel
+rank owns (Ψ/(tp·pp) parameters x 2 bytes in 16-bit precision); b, s, h a micro-batch.
+
+- DP (ZeRO-0): one all-reduce of Φ per step (gradient accumulation communicates only on the last
+  micro-batch): ring 2(N-1)/N·Φ per GPU, seed 004 §2.4's 2Φ for large N; naive puts (N-1)·Φ in
+  and out of the root (seed 004 §2.4; the system moves 2(N-1)·Φ, which the seed rounds to 2NΦ).
+- ZeRO-1: reduce-scatter of the gradients + all-gather of the updated weights, (N-1)/N·Φ each:
+  2Φ (seed 004 §5.4). ZeRO-2 likewise, but the gradients are sharded, so the reduce-scatter runs
+  after every micro-batch. ZeRO-3 adds an all-gather of the weights before forward and again
+  before backward, every micro-batch, and no final all-gather: 3Φ for one micro-batch (§5.4).
+  Shards are padded to equal size, as ZeRO does: the buffer is ceil(Ψ'/N)·N elements.
+- TP: every layer all-reduces b·s·h activations twice in forward and twice in backward (Megatron-LM,
+  seed 004 §3.4): ring 4 x 2(t-1)/t·bsh per layer, seed's 8·bsh for large t. Sequence parallelism
+  replaces each all-reduce by a reduce-scatter + all-gather pair of the same bytes.
+- PP: each micro-batch sends its b·s·h activation forward and its gradient back across each of the
+  p-1 stage boundaries (seed 004 §4.4's 2(p-1)·bsh in total); a middle stage sends 2·bsh per
+  micro-batch (1·bsh at either end), /t with sequence parallelism (each tp rank sends its slice).
+
+Placement is Megatron-LM's: tp varies fastest, then dp, then pp, so a tp group is consecutive
+ranks, a dp group strides by tp, and a group is inside one node when its span fits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .comm_volume import Volume, call_for, volume
+from .config import Parallel, Training
+from .shapes import ModelShape, param_count
+from .volumes import hierarchical
+
+KINDS = ("dp", "zero", "tp", "pp")
+
+
+@dataclass(frozen=True)
+class CommOp:
+    """One collective of a step on one group, as the busiest GPU of the group sees it."""
+
+    kind: str
+    """"dp", "zero", "tp" or "pp" (the JSON `comm` key it adds to)."""
+    what: str
+    """What moves, for the report (e.g. "gradient all-reduce")."""
+    collective: str
+    """A collective of `plan.comm_volume`, or "send_recv" for pipeline point-to-point."""
+    algorithm: str
+    group: int
+    """Ranks in the group."""
+    count: int
+    """Elements per call."""
+    itemsize: int
+    calls: int
+    """Calls per optimizer step."""
+    node_size: int
+    """Ranks of the group that share a node (= group when the group is inside one node)."""
+    overlap: str
+    """Compute it can hide behind: "forward", "backward" or "none"."""
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.node_size < self.group
+
+    def volume(self) -> Volume:
+        """Traffic of one call on the busiest rank."""
+        return op_volume(self.collective, self.algorithm, self.group, self.count, self.itemsize,
+                         self.node_size)
+
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes the busiest GPU sends per step."""
+        return self.calls * self.volume().bytes_sent
+
+
+@lru_cache(maxsize=65536)
+def op_volume(collective: str, algorithm: str, n: int, count: int, itemsize: int, node_size: int) -> Volume:
+    """Rank 0's traffic for one call (cached: the search asks for the same calls many times)."""
+    if collective == "send_recv":
+        return Volume(bytes_sent=count * itemsize, bytes_recv=count * itemsize,
+                      messages_sent=1, messages_recv=1, rounds=1)
+    return volume(call_for(collective, algorithm, n, count, itemsize, ranks_per_node=node_size), 0)
+
+
+@lru_cache(maxsize=65536)
+def hierarchical_parts(n: int, count: int, itemsize: int, node_size: int) -> tuple[Volume, Volume]:
+    """(intra-node, inter-node) traffic of a hierarchical all-reduce's leader (rank 0)."""
+    call = call_for("all_reduce", "hierarchical", n, count, itemsize, ranks_per_node=node_size)
+    return hierarchical.parts(call, 0)
+
+
+def node_share(stride: int, size: int, gpus_per_node: int) -> int:
+    """Members of a group of `size` ranks spaced `stride` apart that fall in one node."""
+    return max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
+
+
+def data_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int,
+                      algorithm: str = "ring") -> list[CommOp]:
+    """The gradient/weight collectives of DP or ZeRO over the dp group (empty when dp = 1)."""
+    n = par.dp
+    if n == 1:
+        return []
+    local = math.ceil(param_count(m).total / (par.tp * par.pp))
+    size = 2 if tr.precision != "fp32" else 4
+    micro = tr.accumulation(n)
+    node = node_share(par.tp, n, gpus_per_node)
+    padded = math.ceil(local / n) * n
+
+    def op(kind, what, coll, algo, count, calls, overlap):
+        return CommOp(kind, what, coll, algo, n, count, size, calls, node, overlap)
+
+    if par.zero == 0:
+        return [op("dp", "gradient all-reduce", "all_reduce", algorithm, local, 1, "backward")]
+    rs_calls = 1 if par.zero == 1 else micro
+    ops = [op("zero", "gradient reduce-scatter", "reduce_scatter", "ring", padded, rs_calls, "backward")]
+    if par.zero < 3:
+        ops.append(op("zero", "weight all-gather after the step", "all_gather", "ring", padded, 1, "none"))
+    else:
+        ops.append(op("zero", "weight all-gather before forward", "all_gather", "ring", padded, micro, "forward"))
+        ops.append(op("zero", "weight all-gather before backward", "all_gather", "ring", padded, micro, "backward"))
+    return ops
+
+
+def tensor_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:
+    """Megatron-LM's four activation all-reduces per layer per micro-batch (empty when tp = 1)."""
+    t = par.tp
+    if t == 1:
+        return []
+    count = tr.micro_batch * m.seq * m.hidden
+    calls = 4 * math.ceil(m.layers / par.pp) * tr.accumulation(par.dp)
+    node = min(t, gpus_per_node)
+    if par.sequence_parallel:
+        return [CommOp("tp", "sequence-parallel reduce-scatter", "reduce_scatter", "ring", t, count,
+                       tr.bytes_per_value, calls, node, "none"),
+                CommOp("tp", "sequence-parallel all-gather", "all_gather", "ring", t, count,
+                       tr.bytes_per_value, calls, node, "none")]
+    return [CommOp("tp", "activation all-reduce", "all_reduce", "ring", t, count, tr.bytes_per_value,
+                   calls, node, "none")]
+
+
+def pipeline_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:
+    """Activation and gradient point-to-point of a middle stage (empty when pp = 1)."""
+    p = par.pp
+    if p == 1:
+        return []
+    split = par.tp if par.sequence_parallel else 1
+    count = tr.micro_batch * m.seq * m.hidden // split
+    inside = par.tp * par.dp * p <= gpus_per_node
+    # A middle stage sends an activation forward and a gradient back per micro-batch (and receives
+    # as many); with two stages each end sends in one direction only.
+    calls = tr.accumulation(par.dp) * (2 if p > 2 else 1)
+    return [CommOp("pp", "activations forward, gradients backward", "send_recv", "p2p", p, count,
+                   tr.bytes_per_value, calls, p if inside else 1, "none")]
+
+
+def seed_tp_bytes_per_layer(b: int, s: int, h: int, value_bytes: int = 2) -> float:
+    """Seed 004 §3.4: 8·b·s·h per layer (each all-reduce counted as 2·bsh, the large-t limit)."""
+    return 8 * b * s * h * value_bytes
+
+
+def seed_pp_bytes(p: int, b: int, s: int, h: int, value_bytes: int = 2) -> float:
+    """Seed 004 §4.4: 2·(p-1)·b·s·h over the whole pipeline."""
+    return 2 * (p - 1) * b * s * h * value_bytes
+
+
+def seed_dp_bytes(n: int, grad_bytes: float, algorithm: str) -> float:
+    """Seed 004 §2.4: ring 2(N-1)/N·Φ per GPU; naive 2·N·Φ for the whole system."""
+    return 2 * (n - 1) / n * grad_bytes if algorithm == "ring" else 2 * n * grad_bytes
