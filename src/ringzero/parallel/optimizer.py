@@ -1,0 +1,97 @@
+"""Adam on this rank's shard, with fp32 master weights (seed 000 §9.2.1-9.2.2, §9.4.2).
+
+Kingma & Ba (2015): m = β1·m + (1-β1)·g, v = β2·v + (1-β2)·g², w -= lr · m̂ / (sqrt(v̂) + ε) with
+m̂ = m/(1-β1^t), v̂ = v/(1-β2^t); AdamW's decoupled decay (Loshchilov & Hutter 2019) multiplies w by
+(1 - lr·wd) first. The arithmetic follows `torch.optim.AdamW` operation for operation so a single-rank
+reference matches to rounding. With 16-bit weights the optimizer keeps an fp32 master copy of its
+shard, so 4 (master) + 4 (m) + 4 (v) = 12 bytes per parameter live here, divided by the ranks
+under ZeRO; with fp32 weights the shard itself is the master (8 bytes: m and v).
+
+Gradients arrive summed over ranks and micro-batches; `step` divides them by `divisor`, and by the
+loss scale under fp16. The global gradient norm (for clipping and the fp16 overflow check) sums the
+squares of every rank's shard with one all-reduce when gradients are sharded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .. import comm
+from .zero import Sharded
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdamConfig:
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip: float | None = None
+    """Clip the global gradient norm to this value (None: no clipping)."""
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0 or not 0 <= self.betas[0] < 1 or not 0 <= self.betas[1] < 1:
+            raise ValueError(f"Adam needs lr > 0 and betas in [0, 1), got lr={self.lr}, betas={self.betas}")
+        if self.clip is not None and not self.clip > 0:
+            raise ValueError(f"clip must be > 0, got {self.clip}")
+
+
+class ShardedAdam:
+    def __init__(self, sharded: Sharded, config: AdamConfig) -> None:
+        self.sharded, self.config = sharded, config
+        self.shards = sharded.param_shards_view()
+        self.mixed = self.shards[0].dtype != torch.float32
+        self.master = [s.detach().float().clone() if self.mixed else s for s in self.shards]
+        self.exp_avg = [torch.zeros_like(w) for w in self.master]
+        self.exp_avg_sq = [torch.zeros_like(w) for w in self.master]
+        self.t = 0
+
+    def _global_sq_norm(self, grads: list[torch.Tensor]) -> float:
+        sq = torch.stack([g.pow(2).sum() for g in grads]).sum().reshape(1) if grads else torch.zeros(1)
+        if self.sharded.stage.shard_optimizer and self.sharded.topology.dp > 1:
+            self.sharded.queue.submit(comm.all_reduce, sq, op="sum", group=self.sharded.group,
+                                      algorithm="auto")
+            self.sharded.queue.drain()
+        return float(sq)
+
+    def step(self, divisor: float, loss_scale: float = 1.0) -> dict:
+        """Update the shards from the summed gradients; returns {"grad_norm", "skipped"}.
+
+        A non-finite norm (an fp16 overflow on any rank) skips the update on every rank.
+        """
+        grads = [g.float().div_(divisor * loss_scale) if g.dtype != torch.float32 else g / (divisor * loss_scale)
+                 for g in self.sharded.reduced_grads()]
+        norm = math.sqrt(self._global_sq_norm(grads))
+        if not math.isfinite(norm):
+            return {"grad_norm": norm, "skipped": True}
+        clip = self.config.clip
+        if clip is not None and norm > clip:
+            for g in grads:
+                g.mul_(clip / (norm + 1e-6))
+        self.t += 1
+        self._adam(grads)
+        for shard, w in zip(self.shards, self.master):
+            if self.mixed:
+                shard.copy_(w)
+        self.sharded.after_step()
+        return {"grad_norm": norm, "skipped": False}
+
+    @torch.no_grad()
+    def _adam(self, grads: list[torch.Tensor]) -> None:
+        c = self.config
+        b1, b2 = c.betas
+        bc1, bc2 = 1 - b1 ** self.t, 1 - b2 ** self.t
+        for w, g, m, v in zip(self.master, grads, self.exp_avg, self.exp_avg_sq):
+            w.mul_(1 - c.lr * c.weight_decay)
+            m.lerp_(g, 1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            denom = (v.sqrt() / math.sqrt(bc2)).add_(c.eps)
+            w.addcdiv_(m, denom, value=-c.lr / bc1)
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (master copy when separate, m and v)."""
+        ts = self.exp_avg + self.exp_avg_sq + (self.master if self.mixed else [])
+        return sum(t.numel() * t.element_size() for t in ts)

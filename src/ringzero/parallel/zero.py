@@ -1,0 +1,247 @@
+"""Data parallelism and ZeRO-1/2/3 over flat buckets (seed 000 §9.3.2, §9.4.2).
+
+`apply_sharding(model, topology, config)` lays the parameters out in `FlatBucket`s and hooks the
+model so that, per `config.stage`:
+
+- DP: every rank keeps the whole model; each bucket's gradients are all-reduced from a
+  post-accumulate-grad hook as soon as the bucket is complete, so communication overlaps backward
+  (DDP's design, Li et al. 2020). Buckets follow reverse registration order, roughly the order
+  backward produces gradients.
+- ZeRO-1: gradients as DP, but each bucket is reduce-scattered, and the optimizer updates only
+  this rank's shard; `step` then all-gathers the weights.
+- ZeRO-2: the bucket's reduce-scatter runs after every micro-batch and the full gradient is freed,
+  so a rank holds gradient shards only.
+- ZeRO-3: one bucket per layer (the children of each `nn.ModuleList`, e.g. transformer blocks) and
+  one root bucket for the rest; a rank keeps only its weight shard. A layer is all-gathered just
+  before its forward (the next one is prefetched) and freed after it, gathered again before its
+  backward, and its gradients are reduce-scattered when complete; no all-gather after the step.
+
+DP and ZeRO-1 communicate only on the last micro-batch of a step (`sync=False` before the others).
+Gradients are summed; the optimizer divides by ranks x micro-batches. All collectives run in
+issue order on one `CommQueue` thread.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import comm
+from .comm_queue import CommQueue
+from .flat import FlatBucket
+from .stages import ShardingConfig
+from .topology import Topology
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """ZeRO-3's layers: the children of every ModuleList in `model`."""
+    return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+
+
+class Sharded:
+    """`model` with its parameters in flat buckets and the hooks of `config.stage` installed."""
+
+    def __init__(self, model: nn.Module, topology: Topology, config: ShardingConfig) -> None:
+        self.model, self.topology, self.config, self.stage = model, topology, config, config.stage
+        self.group = topology.group
+        self.queue = CommQueue()
+        self.sync = True
+        shards, index = (topology.dp, topology.dp_rank) if self.stage.shard_optimizer else (1, 0)
+        groups = self._unit_params() if self.stage.shard_params else self._size_params()
+        self.buckets = [FlatBucket(ps, shards, index) for ps in groups]
+        self.param_flats: list[torch.Tensor | None] = [b.gather_params() for b in self.buckets]
+        self.grad_flats: list[torch.Tensor | None] = [None] * len(self.buckets)
+        self.grad_shards: list[torch.Tensor | None] = [None] * len(self.buckets)
+        self._ready = [0] * len(self.buckets)
+        self._gathering: dict[int, object] = {}
+        for bi, b in enumerate(self.buckets):
+            for i, p in enumerate(b.params):
+                p.register_post_accumulate_grad_hook(self._grad_hook(bi, i))
+        if self.stage.shard_params:
+            self.param_shards = [f[b.lo:b.hi].clone() for b, f in zip(self.buckets, self.param_flats)]
+            for bi, b in enumerate(self.buckets):
+                self._release(bi)
+            self._install_zero3_hooks()
+        else:
+            for b, f in zip(self.buckets, self.param_flats):
+                b.bind(f)
+
+    # -- layout ---------------------------------------------------------------------------------
+    def _size_params(self) -> list[list[nn.Parameter]]:
+        params = [p for p in self.model.parameters() if p.requires_grad][::-1]
+        limit, groups, size = self.config.bucket_mb * 2**20, [[]], 0
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            if groups[-1] and (size + nbytes > limit or p.dtype != groups[-1][0].dtype):
+                groups.append([])
+                size = 0
+            groups[-1].append(p)
+            size += nbytes
+        return [g for g in groups if g]
+
+    def _unit_params(self) -> list[list[nn.Parameter]]:
+        seen: set[int] = set()
+        self.units = _units(self.model)
+        groups = []
+        for unit in self.units:
+            ps = [p for p in unit.parameters() if id(p) not in seen and p.requires_grad]
+            seen.update(map(id, ps))
+            groups.append(ps)
+        root = [p for p in self.model.parameters() if id(p) not in seen and p.requires_grad]
+        self.root = len(groups) if root else None
+        groups = groups + ([root] if root else [])
+        keep = [i for i, g in enumerate(groups) if g]
+        self._unit_bucket = {i: keep.index(i) for i in keep if i < len(self.units)}
+        if self.root is not None:
+            self.root = keep.index(self.root)
+        return [groups[i] for i in keep]
+
+    # -- gradients ------------------------------------------------------------------------------
+    def _grad_hook(self, bi: int, i: int):
+        def hook(p: nn.Parameter) -> None:
+            b = self.buckets[bi]
+            if self.grad_flats[bi] is None:
+                self.grad_flats[bi] = b.empty()
+            b.slot(i, self.grad_flats[bi]).add_(p.grad.reshape(-1))
+            p.grad = None
+            self._ready[bi] += 1
+            if self._ready[bi] == len(b.params):
+                self._ready[bi] = 0
+                if self.sync or self.stage.reduces_every_micro_batch:
+                    self.queue.submit(self._reduce, bi)
+        return hook
+
+    def _reduce(self, bi: int) -> None:
+        b, flat = self.buckets[bi], self.grad_flats[bi]
+        if not self.stage.shard_optimizer:
+            comm.all_reduce(flat, op="sum", group=self.group, algorithm=self.config.algorithm_for("all_reduce"))
+            return
+        out = b.empty(shard=True)
+        comm.reduce_scatter_tensor(out, flat, op="sum", group=self.group,
+                                   algorithm=self.config.algorithm_for("reduce_scatter"))
+        if self.grad_shards[bi] is None:
+            self.grad_shards[bi] = out
+        else:
+            self.grad_shards[bi].add_(out)
+        if self.stage.shard_grads:
+            self.grad_flats[bi] = None
+        if self.stage.shard_params:
+            self._release(bi)
+
+    def finish_backward(self) -> None:
+        """Wait for this micro-batch's collectives (call after every backward)."""
+        self.queue.drain()
+        missing = [bi for bi, n in enumerate(self._ready) if n]
+        if missing:
+            names = [tuple(p.shape) for bi in missing for p in self.buckets[bi].params][:4]
+            raise RuntimeError(f"some parameters got no gradient in this backward (shapes {names}); "
+                               "every parameter must take part in the loss")
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        """This rank's summed gradient for each bucket's shard (the whole bucket under DP)."""
+        if self.stage.shard_optimizer:
+            return [g if g is not None else b.empty(shard=True) for b, g in zip(self.buckets, self.grad_shards)]
+        return [g if g is not None else b.empty() for b, g in zip(self.buckets, self.grad_flats)]
+
+    def zero_grad(self) -> None:
+        self.grad_shards = [None] * len(self.buckets)
+        self.grad_flats = [None] * len(self.buckets)
+
+    # -- weights --------------------------------------------------------------------------------
+    def param_shards_view(self) -> list[torch.Tensor]:
+        """The weights each rank's optimizer owns: its shard (the whole bucket under DP)."""
+        if self.stage.shard_params:
+            return self.param_shards
+        return [f[b.lo:b.hi] for b, f in zip(self.buckets, self.param_flats)]
+
+    def after_step(self) -> None:
+        """ZeRO-1/2: all-gather the updated shards into every rank's full weights."""
+        if self.stage.shard_optimizer and not self.stage.shard_params:
+            algo = self.config.algorithm_for("all_gather")
+            for b, f in zip(self.buckets, self.param_flats):
+                self.queue.submit(comm.all_gather_into_tensor, f, f[b.lo:b.hi].clone(),
+                                  group=self.group, algorithm=algo)
+            self.queue.drain()
+
+    def _gather(self, bi: int) -> torch.Tensor:
+        full = self.buckets[bi].empty()
+        comm.all_gather_into_tensor(full, self.param_shards[bi], group=self.group,
+                                    algorithm=self.config.algorithm_for("all_gather"))
+        return full
+
+    def _prefetch(self, bi: int | None) -> None:
+        if bi is not None and self.param_flats[bi] is None and bi not in self._gathering:
+            self._gathering[bi] = self.queue.submit(self._gather, bi)
+
+    def _ensure(self, bi: int) -> None:
+        if self.param_flats[bi] is None:
+            self._prefetch(bi)
+            full = self._gathering.pop(bi).result()
+            self.buckets[bi].bind(full)
+            self.param_flats[bi] = full
+
+    def _release(self, bi: int) -> None:
+        self.buckets[bi].unbind()
+        self.param_flats[bi] = None
+
+    def _install_zero3_hooks(self) -> None:
+        order = [self._unit_bucket[u] for u in range(len(self.units)) if u in self._unit_bucket]
+        nxt = {a: b for a, b in zip(order, order[1:])}
+        prev = {b: a for a, b in zip(order, order[1:])}
+        prefetch = self.config.prefetch
+
+        def root_pre(module, args):
+            if self.root is not None:
+                self._ensure(self.root)
+            if order and prefetch:
+                self._prefetch(order[0])
+
+        def root_post(module, args, out):
+            if self.root is not None and not torch.is_grad_enabled():
+                self._release(self.root)
+
+        self.model.register_forward_pre_hook(root_pre)
+        self.model.register_forward_hook(root_post)
+        for u, unit in enumerate(self.units):
+            if u not in self._unit_bucket:
+                continue
+            bi = self._unit_bucket[u]
+
+            def pre(module, args, bi=bi):
+                self._ensure(bi)
+                if prefetch:
+                    self._prefetch(nxt.get(bi))
+
+            def post(module, args, out, bi=bi):
+                if not _in_backward():       # a recomputed forward keeps its weights for backward
+                    self._release(bi)
+
+            def back_pre(module, grad_out, bi=bi):
+                self._ensure(bi)
+                if prefetch:
+                    self._prefetch(prev.get(bi))
+
+            unit.register_forward_pre_hook(pre)
+            unit.register_forward_hook(post)
+            unit.register_full_backward_pre_hook(back_pre)
+
+    # -- accounting -----------------------------------------------------------------------------
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of weights and gradients this rank holds between steps (tensor sizes, padding included)."""
+        def nbytes(ts):
+            return sum(t.numel() * t.element_size() for t in ts if t is not None)
+        params = nbytes(self.param_shards) if self.stage.shard_params else nbytes(self.param_flats)
+        grads = nbytes(self.grad_shards) if self.stage.shard_grads else nbytes(self.grad_flats)
+        return {"params": params, "grads": grads}
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+def apply_sharding(model: nn.Module, topology: Topology, config: ShardingConfig) -> Sharded:
+    """Lay out `model` for `config.stage` on `topology`'s data-parallel group (see the module doc)."""
+    return Sharded(model, topology, config)
