@@ -46,9 +46,14 @@ def korthikanti(b: int, s: int, h: int, a: int) -> int:
 
 
 def layer_terms(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, dropout: bool = True,
-                flash: bool = False, tp: int = 1, sp: bool = False,
-                recompute: str = "none") -> dict[str, float]:
-    """Bytes each saved tensor of one block takes per micro-batch, by name (see the module doc)."""
+                flash: bool = False, tp: int = 1, sp: bool = False, recompute: str = "none",
+                mask_bytes: int = 1) -> dict[str, float]:
+    """Bytes each saved tensor of one block takes per micro-batch, by name (see the module doc).
+
+    `mask_bytes` is what one dropout-mask element costs: 1 for a fused kernel's boolean mask (GPUs,
+    Korthikanti et al.), `value_bytes` for torch's CPU dropout, which keeps its scaled noise tensor
+    in the activations' dtype.
+    """
     p, t = value_bytes, tp
     sbh, sbf = s * b * m.hidden, s * b * m.ffn_dim
     rep = t if sp else 1                     # replicated tensors are split only with SP
@@ -65,14 +70,14 @@ def layer_terms(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, dropout:
         "mlp_inner": (4 if m.gated else 2) * p * sbf / t,
     }
     if dropout:
-        terms["dropout_masks"] = 2 * sbh / rep   # after attention and after the MLP, 1 byte each
+        terms["dropout_masks"] = 2 * mask_bytes * sbh / rep   # after attention and after the MLP
     scores = m.heads * s * s * b / t
     if flash:
         terms["softmax_lse"] = 4 * m.heads * s * b / t
     elif recompute != "selective":
         terms["softmax"] = p * scores
         if dropout:
-            terms["attention_dropout"] = (p + 1) * scores    # output and mask
+            terms["attention_dropout"] = (p + mask_bytes) * scores    # output and mask
     return terms
 
 
@@ -105,7 +110,10 @@ def activation_bytes(m: ModelShape, b: int, s: int, *, pp: int = 1, microbatches
     return total
 
 
-def head_bytes(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, tp: int = 1) -> float:
-    """The output layer's saved tensors: final-norm input and head input (p·sbh each) and the fp32
-    logits the cross-entropy keeps (4·s·b·V/t, Korthikanti et al. §4.1)."""
-    return 2 * value_bytes * s * b * m.hidden + 4 * s * b * m.vocab / tp
+def head_bytes(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, tp: int = 1,
+               dropout: bool = False, mask_bytes: int = 1) -> float:
+    """Outside the blocks: the embedding dropout's mask (when `dropout`), the final-norm input and
+    the head input (p·sbh each) and the fp32 log-probabilities the cross-entropy keeps (4·s·b·V/t,
+    Korthikanti et al. §4.1)."""
+    embedding = mask_bytes * s * b * m.hidden if dropout else 0
+    return embedding + 2 * value_bytes * s * b * m.hidden + 4 * s * b * m.vocab / tp

@@ -1,0 +1,88 @@
+"""Byte-level data: vocabulary 256, nothing to download.
+
+The default corpus is the Python standard library's own source files of the running interpreter
+(present on every machine), read in sorted path order up to `max_bytes`, so two ranks (or two runs)
+build the same corpus. `--data PATH` takes text files or folders instead. The last `val_fraction`
+of the bytes is the validation split.
+
+Each step draws `global_batch` windows of s + 1 bytes at offsets from a generator seeded by
+(seed, step), the same on every rank; data-parallel rank r takes windows [r·B/dp, (r+1)·B/dp), so
+the ranks together see exactly the global batch a single process would (the parity tests rely on it).
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from pathlib import Path
+
+import torch
+
+DEFAULT_MAX_BYTES = 4 * 2**20
+
+
+SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "__pycache__"}
+
+
+def stdlib_files():
+    """The standard library's .py files in sorted path order (lazily: the walk stops when unused)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield Path(folder) / name
+
+
+def _files(path: str) -> list[Path]:
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file())
+        if files:
+            return files
+        raise ValueError(f"data folder {path!r} has no files")
+    raise ValueError(f"data path {path!r} does not exist (give a text file or a folder of them)")
+
+
+def load_bytes(path: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> torch.Tensor:
+    """The corpus as a uint8 tensor: `path`'s files, or the standard library's sources."""
+    files = _files(path) if path else stdlib_files()
+    chunks, total = [], 0
+    for f in files:
+        data = f.read_bytes()[: max_bytes - total]
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    corpus = b"".join(chunks)
+    if len(corpus) < 2:
+        raise ValueError(f"the corpus has {len(corpus)} bytes; it needs at least 2")
+    return torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
+
+
+class ByteData:
+    """Train/validation splits of a byte corpus and the per-rank batches of every step."""
+
+    def __init__(self, corpus: torch.Tensor, seq: int, val_fraction: float = 0.1, seed: int = 0) -> None:
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        cut = int(len(corpus) * (1 - val_fraction))
+        self.splits = {"train": corpus[:cut], "val": corpus[cut:]}
+        for name, data in self.splits.items():
+            if len(data) <= seq + 1:
+                raise ValueError(f"the {name} split has {len(data)} bytes, fewer than a sequence of {seq} + 1")
+        self.seq, self.seed = seq, seed
+
+    def batch(self, split: str, step: int, global_batch: int, rank: int = 0, dp: int = 1):
+        """This rank's (inputs, targets), each (global_batch/dp, seq) int64, for `step`."""
+        if global_batch % dp:
+            raise ValueError(f"global batch {global_batch} is not divisible by {dp} data-parallel ranks")
+        data = self.splits[split]
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 2 + (split == "val"))
+        starts = torch.randint(0, len(data) - self.seq - 1, (global_batch,), generator=gen)
+        per = global_batch // dp
+        mine = starts[rank * per:(rank + 1) * per]
+        windows = torch.stack([data[s:s + self.seq + 1] for s in mine.tolist()]).long()
+        return windows[:, :-1], windows[:, 1:]

@@ -1,0 +1,144 @@
+"""ringzero's GPT: pre-LayerNorm decoder, causal self-attention, 4h GELU MLP, learned positions,
+tied embeddings (GPT-2, Radford et al. 2019; nanoGPT's layout). Its shape is a `plan.ModelShape`, so
+the planner describes exactly this model.
+
+The model knows nothing of parallelism. Two knobs matter for activation memory (seed 000 §9.4.4):
+`attention="eager"` materialises the (b, a, s, s) scores, softmax and dropout mask, the case of
+Korthikanti et al.'s 5·a·s²·b term; `attention="sdpa"` calls torch's fused
+`scaled_dot_product_attention`, which keeps no s x s tensor (the flash-attention case). The attention
+core is its own module so selective recomputation can wrap exactly it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..plan.shapes import ModelShape
+
+ATTENTIONS = ("eager", "sdpa")
+
+
+def _dropout(p: float) -> nn.Module:
+    # No dropout op at all when p = 0, so no mask is saved for backward.
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+class AttentionCore(nn.Module):
+    """softmax(q kᵀ / sqrt(d) + causal mask) v, with dropout on the weights.
+
+    q, k, v: (b, a, s, d) -> (b, a, s, d).
+    """
+
+    def __init__(self, seq: int, attention: str, dropout: float) -> None:
+        super().__init__()
+        self.attention, self.p = attention, dropout
+        self.drop = _dropout(dropout)
+        self.register_buffer("causal", torch.ones(seq, seq, dtype=torch.bool).tril(), persistent=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                  dropout_p=self.p if self.training else 0.0)
+        s = q.size(-2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(-1)))      # (b, a, s, s)
+        scores = scores.masked_fill(~self.causal[:s, :s], float("-inf"))
+        return self.drop(scores.softmax(dim=-1)) @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, m: ModelShape, attention: str, dropout: float) -> None:
+        super().__init__()
+        self.heads = m.heads
+        self.qkv = nn.Linear(m.hidden, 3 * m.hidden, bias=m.bias)                 # (b, s, h) -> (b, s, 3h)
+        self.core = AttentionCore(m.seq, attention, dropout)
+        self.proj = nn.Linear(m.hidden, m.hidden, bias=m.bias)
+        self.drop = _dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2)   # (b, a, s, d)
+                   for t in self.qkv(x).split(h, dim=2))
+        y = self.core(q, k, v).transpose(1, 2).contiguous().view(b, s, h)
+        return self.drop(self.proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, m: ModelShape, dropout: float) -> None:
+        super().__init__()
+        self.fc = nn.Linear(m.hidden, m.ffn_dim, bias=m.bias)                     # (b, s, h) -> (b, s, 4h)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(m.ffn_dim, m.hidden, bias=m.bias)
+        self.drop = _dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, m: ModelShape, attention: str, dropout: float) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(m.hidden, bias=m.bias)
+        self.attn = Attention(m, attention, dropout)
+        self.ln2 = nn.LayerNorm(m.hidden, bias=m.bias)
+        self.mlp = MLP(m, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A GPT of shape `m` (which must be one this model can be: see `check_shape`)."""
+
+    def __init__(self, m: ModelShape, *, attention: str = "eager", dropout: float = 0.0) -> None:
+        super().__init__()
+        check_shape(m)
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention={attention!r}; allowed: {', '.join(ATTENTIONS)}")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.shape = m
+        self.wte = nn.Embedding(m.vocab, m.hidden)
+        self.wpe = nn.Embedding(m.seq, m.hidden)
+        self.drop = _dropout(dropout)
+        self.blocks = nn.ModuleList(Block(m, attention, dropout) for _ in range(m.layers))
+        self.ln_f = nn.LayerNorm(m.hidden, bias=m.bias)
+        self.apply(self._init)
+        for name, p in self.named_parameters():          # GPT-2: scale residual projections by 1/sqrt(2L)
+            if name.endswith("proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * m.layers))
+
+    @staticmethod
+    def _init(mod: nn.Module) -> None:
+        if isinstance(mod, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(mod.weight, mean=0.0, std=0.02)
+        if isinstance(mod, nn.Linear) and mod.bias is not None:
+            nn.init.zeros_(mod.bias)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids (b, s) -> logits (b, s, V), or the mean cross-entropy when `targets` is given."""
+        s = idx.size(1)
+        if s > self.shape.seq:
+            raise ValueError(f"sequence of {s} tokens is longer than the model's {self.shape.seq}")
+        pos = torch.arange(s, device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))                              # (b, s, h)
+        for block in self.blocks:
+            x = block(x)
+        logits = F.linear(self.ln_f(x), self.wte.weight)                         # tied head: (b, s, V)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def check_shape(m: ModelShape) -> None:
+    """ringzero's GPT has learned positions, LayerNorm, an ungated MLP, tied embeddings and MHA."""
+    wrong = [f"{k}={getattr(m, k)!r}" for k, ok in (("positions", m.positions == "learned"),
+             ("norm", m.norm == "layernorm"), ("gated", not m.gated), ("tied", m.tied),
+             ("kv_heads", m.kv == m.heads)) if not ok]
+    if wrong:
+        raise ValueError(f"ringzero's GPT cannot take {', '.join(wrong)}: it has learned positions, "
+                         "LayerNorm, a GELU MLP, tied embeddings and multi-head attention")
