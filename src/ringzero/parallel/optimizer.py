@@ -14,6 +14,7 @@ squares of every rank's shard with one all-reduce when gradients are sharded.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -57,11 +58,14 @@ class ShardedAdam:
             self.sharded.queue.drain()
         return float(sq)
 
-    def step(self, divisor: float, loss_scale: float = 1.0) -> dict:
+    def step(self, divisor: float, loss_scale: float = 1.0, lr: float | None = None) -> dict:
         """Update the shards from the summed gradients; returns {"grad_norm", "skipped"}.
 
-        A non-finite norm (an fp16 overflow on any rank) skips the update on every rank.
+        A non-finite norm (an fp16 overflow on any rank) skips the update on every rank. The caller
+        then runs `Sharded.after_step` (ZeRO-1/2's all-gather), timed as communication.
         """
+        if lr is not None:
+            self.config = dataclasses.replace(self.config, lr=lr)
         grads = [g.float().div_(divisor * loss_scale) if g.dtype != torch.float32 else g / (divisor * loss_scale)
                  for g in self.sharded.reduced_grads()]
         norm = math.sqrt(self._global_sq_norm(grads))
@@ -76,7 +80,6 @@ class ShardedAdam:
         for shard, w in zip(self.shards, self.master):
             if self.mixed:
                 shard.copy_(w)
-        self.sharded.after_step()
         return {"grad_norm": norm, "skipped": False}
 
     @torch.no_grad()

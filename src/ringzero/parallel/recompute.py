@@ -39,8 +39,10 @@ class SavedBytes:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def note(self, t: torch.Tensor) -> None:
-        if not isinstance(t, torch.Tensor) or id(t) in self.exclude or t.numel() == 0:
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
             return
+        if id(t) in self.exclude or (t._base is not None and id(t._base) in self.exclude):
+            return                           # a weight, or a view of one (addmm saves weightᵀ)
         storage = t.untyped_storage()
         if storage.data_ptr() not in self.exclude:
             self.storages[storage.data_ptr()] = storage.nbytes()

@@ -1,0 +1,57 @@
+"""Mixed precision (seed 000 §9.2.1; Micikevicius et al. 2018, "Mixed Precision Training").
+
+fp32 trains in fp32. bf16 and fp16 keep 16-bit weights and gradients (2 + 2 bytes per parameter)
+and fp32 master weights and Adam moments in the optimizer (12 bytes). fp16's narrow exponent
+underflows small gradients, so the loss is multiplied by a scale before backward and the gradients
+divided by it before the update; `LossScaler` grows the scale after `window` overflow-free steps and
+halves it (skipping the step on every rank) when any rank sees an inf or NaN, as
+`torch.amp.GradScaler` and DeepSpeed's dynamic loss scaler do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def dtype(precision: str) -> torch.dtype:
+    if precision not in DTYPES:
+        raise ValueError(f"precision={precision!r}; allowed: {', '.join(DTYPES)}")
+    return DTYPES[precision]
+
+
+@dataclass
+class LossScaler:
+    scale: float = 2.0 ** 16
+    growth: float = 2.0
+    backoff: float = 0.5
+    window: int = 200
+    min_scale: float = 1.0
+    good_steps: int = 0
+    skipped: int = 0
+
+    def update(self, overflow: bool) -> None:
+        """After a step: back off on overflow, grow after `window` good steps."""
+        if overflow:
+            self.scale = max(self.min_scale, self.scale * self.backoff)
+            self.good_steps = 0
+            self.skipped += 1
+            return
+        self.good_steps += 1
+        if self.good_steps >= self.window:
+            self.scale *= self.growth
+            self.good_steps = 0
+
+
+class NoScaler:
+    """fp32 and bf16: no loss scaling."""
+
+    scale = 1.0
+    skipped = 0
+
+    def update(self, overflow: bool) -> None:
+        if overflow:
+            self.skipped += 1

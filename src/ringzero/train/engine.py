@@ -1,0 +1,173 @@
+"""The training loop that runs on every rank: build, train, evaluate, measure.
+
+Order of application (torchtitan's): model -> precision (cast) -> recomputation -> sharding
+(DP/ZeRO). Each step runs `grad_accum` micro-batches; DP and ZeRO-1 communicate only on the last.
+The run measures what the planner predicts: model-state bytes held, bytes saved for backward,
+bytes sent and received (traffic meter), and time per phase.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..parallel.optimizer import AdamConfig, ShardedAdam
+from ..parallel.precision import LossScaler, NoScaler, dtype
+from ..parallel.recompute import SavedBytes, apply_recompute
+from ..parallel.stages import DP, ShardingConfig, stage
+from ..parallel.topology import Topology
+from ..parallel.zero import apply_sharding
+from .config import TrainConfig
+from .data import ByteData, load_bytes
+from .model import GPT, AttentionCore
+
+MEASURE_STEP = 1
+"""The step whose traffic and saved activations are measured (step 0 warms up)."""
+
+
+@dataclass
+class RankResult:
+    """What one rank measured (plain data: it crosses process boundaries)."""
+
+    rank: int
+    losses: list[float] = field(default_factory=list)
+    val: list[tuple[int, float]] = field(default_factory=list)
+    held: dict[str, int] = field(default_factory=dict)
+    activations: int = 0
+    traffic: dict = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=dict)
+    step_time: float = 0.0
+    skipped: int = 0
+    params: dict[str, list[float]] | None = None
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, topology: Topology) -> None:
+        self.cfg, self.topo = cfg, topology
+        torch.manual_seed(cfg.seed)
+        self.model = GPT(cfg.shape, attention=cfg.attention, dropout=cfg.dropout).to(dtype(cfg.precision))
+        apply_recompute(self.model, cfg.recompute, (AttentionCore,))
+        strategy = DP if cfg.strategy == "single" else stage(cfg.strategy)
+        self.sharded = apply_sharding(self.model, topology, ShardingConfig(
+            stage=strategy, bucket_mb=cfg.bucket_mb, algorithm=cfg.comm_algorithm))
+        self.opt = ShardedAdam(self.sharded, AdamConfig(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                                        weight_decay=cfg.weight_decay, clip=cfg.clip))
+        self.scaler = LossScaler() if cfg.precision == "fp16" else NoScaler()
+        self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
+
+    def _micro_batches(self, step: int):
+        c, t = self.cfg, self.topo
+        x, y = self.data.batch("train", step, c.global_batch(t.dp), t.dp_rank, t.dp)
+        return zip(x.chunk(c.grad_accum), y.chunk(c.grad_accum))
+
+    def step(self, step: int, res: RankResult) -> dict[str, float]:
+        """One optimizer step; returns seconds per phase."""
+        c, sh = self.cfg, self.sharded
+        ph = dict.fromkeys(("forward", "backward", "comm", "optimizer"), 0.0)
+        losses = []
+        for k, (x, y) in enumerate(self._micro_batches(step)):
+            sh.sync = k == c.grad_accum - 1
+            t0 = time.perf_counter()
+            if step == MEASURE_STEP and k == 0:
+                with SavedBytes(self.model) as saved:
+                    loss = self.model(x, y)
+                res.activations = saved.total
+            else:
+                loss = self.model(x, y)
+            t1 = time.perf_counter()
+            (loss * self.scaler.scale).backward()
+            t2 = time.perf_counter()
+            sh.finish_backward()
+            t3 = time.perf_counter()
+            ph["forward"] += t1 - t0
+            ph["backward"] += t2 - t1
+            ph["comm"] += t3 - t2
+            losses.append(loss.item())
+        if step == MEASURE_STEP:
+            res.held = {**sh.held_bytes(), "optimizer": self.opt.state_bytes()}
+        t4 = time.perf_counter()
+        out = self.opt.step(divisor=self.topo.dp * c.grad_accum, loss_scale=self.scaler.scale,
+                            lr=c.lr_at(step))
+        t5 = time.perf_counter()
+        sh.after_step()
+        t6 = time.perf_counter()
+        self.scaler.update(out["skipped"])
+        sh.zero_grad()
+        ph["optimizer"] += t5 - t4
+        ph["comm"] += t6 - t5
+        res.losses.append(self._mean_over_ranks(sum(losses) / len(losses)))
+        return ph
+
+    def _mean_over_ranks(self, value: float) -> float:
+        if self.topo.dp == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        self.sharded.queue.submit(comm.all_reduce, t, op="avg", group=self.topo.group, algorithm="torch")
+        self.sharded.queue.drain()
+        return float(t)
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        c, t = self.cfg, self.topo
+        losses = []
+        for i in range(c.eval_batches):
+            x, y = self.data.batch("val", i, c.micro_batch * t.dp, t.dp_rank, t.dp)
+            losses.append(self.model(x, y).item())
+        self.sharded.finish_backward()
+        self.model.train()
+        return self._mean_over_ranks(sum(losses) / len(losses))
+
+    def run(self, progress=None, keep_params: bool = False) -> RankResult:
+        c = self.cfg
+        res = RankResult(rank=self.topo.rank)
+        phases, totals = [], []
+        for step in range(c.steps):
+            meter = comm.TrafficMeter() if step == MEASURE_STEP else None
+            t0 = time.perf_counter()
+            if meter:
+                with meter:
+                    ph = self.step(step, res)
+                res.traffic = meter.summary()
+            else:
+                ph = self.step(step, res)
+            totals.append(time.perf_counter() - t0)
+            phases.append(ph)
+            if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
+                res.val.append((step + 1, self.evaluate()))
+            if progress is not None:
+                progress(step, res)
+        steady = slice(min(2, c.steps - 1), None)        # skip warm-up steps when there are enough
+        res.step_time = statistics.median(totals[steady])
+        res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
+        res.skipped = self.scaler.skipped
+        if keep_params:
+            res.params = self.full_params()
+        self.sharded.close()
+        return res
+
+    def full_params(self) -> dict[str, list[float]]:
+        """Every parameter's full value (gathered under ZeRO-3), by name, as float lists."""
+        sh = self.sharded
+        out = {}
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        for bi, b in enumerate(sh.buckets):
+            flat = sh.param_flats[bi]
+            if flat is None:
+                flat = sh.queue.submit(sh._gather, bi).result()
+            for p, v in zip(b.params, b.views(flat)):
+                out[names[id(p)]] = v.detach().float().reshape(-1).tolist()
+        return out
+
+
+def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False) -> RankResult:
+    """Run `cfg` on this rank of the current process group (or alone when there is none)."""
+    topo = Topology.data_parallel() if dist.is_initialized() else Topology(world=1, rank=0, dp=1)
+    if cfg.strategy == "single" and topo.world != 1:
+        raise ValueError(f"strategy 'single' runs on one rank, not {topo.world}")
+    return Trainer(cfg, topo).run(progress, keep_params)
