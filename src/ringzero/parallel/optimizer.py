@@ -54,7 +54,7 @@ class ShardedAdam:
         sq = torch.stack([g.pow(2).sum() for g in grads]).sum().reshape(1) if grads else torch.zeros(1)
         if self.sharded.stage.shard_optimizer and self.sharded.topology.dp > 1:
             self.sharded.queue.submit(comm.all_reduce, sq, op="sum", group=self.sharded.group,
-                                      algorithm="auto")
+                                      algorithm=self.sharded.config.algorithm_for("all_reduce"))
             self.sharded.queue.drain()
         return float(sq)
 

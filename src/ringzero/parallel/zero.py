@@ -50,6 +50,7 @@ class Sharded:
         self.group = topology.group
         self.queue = CommQueue()
         self.sync = True
+        self.root: int | None = None
         shards, index = (topology.dp, topology.dp_rank) if self.stage.shard_optimizer else (1, 0)
         groups = self._unit_params() if self.stage.shard_params else self._size_params()
         self.buckets = [FlatBucket(ps, shards, index) for ps in groups]
@@ -228,6 +229,10 @@ class Sharded:
             unit.register_forward_pre_hook(pre)
             unit.register_forward_hook(post)
             unit.register_full_backward_pre_hook(back_pre)
+
+    def bucket_layout(self) -> list[tuple[int, bool]]:
+        """(elements, is the ZeRO-3 root bucket) of every bucket, in order."""
+        return [(b.numel, bi == self.root) for bi, b in enumerate(self.buckets)]
 
     # -- accounting -----------------------------------------------------------------------------
     def held_bytes(self) -> dict[str, int]:

@@ -44,6 +44,7 @@ class RankResult:
     step_time: float = 0.0
     skipped: int = 0
     params: dict[str, list[float]] | None = None
+    buckets: list[tuple[int, bool]] = field(default_factory=list)
 
 
 class Trainer:
@@ -65,8 +66,8 @@ class Trainer:
         x, y = self.data.batch("train", step, c.global_batch(t.dp), t.dp_rank, t.dp)
         return zip(x.chunk(c.grad_accum), y.chunk(c.grad_accum))
 
-    def step(self, step: int, res: RankResult) -> dict[str, float]:
-        """One optimizer step; returns seconds per phase."""
+    def step(self, step: int, res: RankResult) -> tuple[dict[str, float], float]:
+        """One optimizer step; returns (seconds per phase, this rank's mean loss)."""
         c, sh = self.cfg, self.sharded
         ph = dict.fromkeys(("forward", "backward", "comm", "optimizer"), 0.0)
         losses = []
@@ -100,8 +101,7 @@ class Trainer:
         sh.zero_grad()
         ph["optimizer"] += t5 - t4
         ph["comm"] += t6 - t5
-        res.losses.append(self._mean_over_ranks(sum(losses) / len(losses)))
-        return ph
+        return ph, sum(losses) / len(losses)
 
     def _mean_over_ranks(self, value: float) -> float:
         if self.topo.dp == 1:
@@ -132,11 +132,12 @@ class Trainer:
             t0 = time.perf_counter()
             if meter:
                 with meter:
-                    ph = self.step(step, res)
+                    ph, loss = self.step(step, res)
                 res.traffic = meter.summary()
             else:
-                ph = self.step(step, res)
+                ph, loss = self.step(step, res)
             totals.append(time.perf_counter() - t0)
+            res.losses.append(self._mean_over_ranks(loss))   # bookkeeping: outside the meter
             phases.append(ph)
             if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
                 res.val.append((step + 1, self.evaluate()))
@@ -146,6 +147,7 @@ class Trainer:
         res.step_time = statistics.median(totals[steady])
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
         res.skipped = self.scaler.skipped
+        res.buckets = self.sharded.bucket_layout()
         if keep_params:
             res.params = self.full_params()
         self.sharded.close()

@@ -1,0 +1,103 @@
+"""The planner's prediction for one training run, in the run's own terms (DESIGN.md: every number has
+a measured twin).
+
+`plan_inputs` turns a `TrainConfig` on `world` ranks into the planner's (ModelShape, Training,
+Parallel); everything predicted below is `ringzero.plan` evaluated on them, with two facts of this
+engine passed through: the dropout masks torch's CPU kernel keeps in the activations' dtype
+(`mask_bytes`), and whether `sdpa` really runs the fused kernel (on CPU it falls back to the math
+path, which stores the s x s weights, when dropout is on).
+
+Traffic is predicted per bucket: the engine moves each flat bucket (padded to a multiple of the
+ranks under ZeRO) as one collective, so the exact bytes are Σ over buckets of
+`plan.comm_volume.volume` for the collective and algorithm that ran. The Φ-level figure of
+`plan.strategy_comm` (one collective of the whole model) is the same up to the chunk rounding.
+"""
+
+from __future__ import annotations
+
+from ..plan import activations as act
+from ..plan.comm_volume import call_for, volume
+from ..plan.config import Parallel, Training
+from ..plan.memory import model_states, state_bytes
+from ..plan.shapes import ModelShape, param_count
+from .config import TrainConfig
+
+ZERO = {"single": 0, "dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+
+
+def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
+    """Whether `attention="sdpa"` keeps no s x s tensor (CPU: only without dropout)."""
+    return cfg.attention == "sdpa" and (cuda or cfg.dropout == 0)
+
+
+def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Parallel]:
+    tr = Training(micro_batch=cfg.micro_batch, global_batch=cfg.global_batch(world),
+                  precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
+    par = Parallel(dp=world, zero=ZERO[cfg.strategy], recompute=cfg.recompute,
+                   flash_attention=fused_attention(cfg), bucket_mb=cfg.bucket_mb)
+    return cfg.shape, tr, par
+
+
+def activations(cfg: TrainConfig, cuda: bool = False) -> float:
+    """Bytes saved for backward by one micro-batch's forward (all layers plus embedding and head)."""
+    m, tr, par = plan_inputs(cfg, 1)
+    p = tr.bytes_per_value
+    mask = 1 if cuda else p
+    per_layer = act.layer_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, dropout=tr.dropout,
+                                flash=fused_attention(cfg, cuda), recompute=cfg.recompute, mask_bytes=mask)
+    return m.layers * per_layer + act.head_bytes(m, cfg.micro_batch, m.seq, value_bytes=p,
+                                                 dropout=tr.dropout, mask_bytes=mask)
+
+
+def states(cfg: TrainConfig, world: int) -> dict[str, float]:
+    """Model-state bytes per rank from the ZeRO formulas (seed 000 §9.4.2)."""
+    m, tr, par = plan_inputs(cfg, world)
+    p, g, o, _ = model_states(param_count(m).total, state_bytes(tr.precision, tr.optimizer),
+                              dp=par.dp, zero=par.zero)
+    return {"params": p, "grads": g, "optimizer": o}
+
+
+def _algorithm(cfg: TrainConfig, collective: str, n: int, nbytes: int) -> str:
+    """The algorithm the engine's collective runs: the configured one, or what "auto" picks."""
+    from ..comm import select
+    from ..comm.config import get_config
+    from ..parallel.stages import ShardingConfig
+    algo = ShardingConfig(algorithm=cfg.comm_algorithm).algorithm_for(collective)
+    return select.choose(collective, n, nbytes, get_config().node_size(n)) if algo == "auto" else algo
+
+
+def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0) -> dict[str, int]:
+    """Bytes `rank` sends and receives in one step for `buckets`: (elements, is the ZeRO-3 root).
+
+    Per bucket: DP all-reduces once per step; ZeRO-1 reduce-scatters once and all-gathers once;
+    ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 reduce-scatters every micro-batch and
+    all-gathers a layer before its forward and again before its backward, the root (embeddings and
+    final norm, used at both ends of the model) once per micro-batch. With sharded gradients the
+    optimizer all-reduces one fp32 number, the squared gradient norm. "auto" is resolved per call
+    exactly as `ringzero.comm` resolves it.
+    """
+    itemsize = 4 if cfg.precision == "fp32" else 2
+    zero, n, micro = ZERO[cfg.strategy], world, cfg.grad_accum
+    if n == 1:
+        return {"bytes_sent": 0, "bytes_recv": 0}
+    calls: list[tuple[str, int, int, int]] = []       # (collective, elements, itemsize, times)
+    for numel, root in buckets:
+        padded = -(-numel // n) * n
+        if zero == 0:
+            calls.append(("all_reduce", numel, itemsize, 1))
+        elif zero == 1:
+            calls += [("reduce_scatter", padded, itemsize, 1), ("all_gather", padded, itemsize, 1)]
+        elif zero == 2:
+            calls += [("reduce_scatter", padded, itemsize, micro), ("all_gather", padded, itemsize, 1)]
+        else:
+            calls += [("reduce_scatter", padded, itemsize, micro),
+                      ("all_gather", padded, itemsize, micro * (1 if root else 2))]
+    if zero:
+        calls.append(("all_reduce", 1, 4, 1))
+    sent = recv = 0
+    for collective, count, size, times in calls:
+        algo = _algorithm(cfg, collective, n, count * size)
+        v = volume(call_for(collective, algo, n, count, size), rank)
+        sent += times * v.bytes_sent
+        recv += times * v.bytes_recv
+    return {"bytes_sent": sent, "bytes_recv": recv}
