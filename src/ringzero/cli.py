@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Imported here, not at module level, so `ringzero --help` stays fast.
     from .bench import comm as bench_comm
     from .comm import explain
+    from .commands import plan as plan_cmd
 
     parser = argparse.ArgumentParser(prog="ringzero", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -29,6 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
     explain_p = sub.add_parser("explain", help="step-by-step walk-through of a collective algorithm")
     explain.add_arguments(explain_p)
     explain_p.set_defaults(handler=explain.run)
+
+    plan_p = sub.add_parser("plan", help="memory, communication and time of a training configuration")
+    plan_cmd.add_arguments(plan_p)
+    plan_p.set_defaults(handler=plan_cmd.run)
     return parser
 
 

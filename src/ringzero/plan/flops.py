@@ -34,6 +34,12 @@ def hardware_flops_per_token(n_params: int, recompute: str = "none", model: Mode
     return 6.0 * n_params
 
 
+def attention_flops_per_token(m: ModelShape) -> float:
+    """The attention matmuls 6N leaves out: QKᵀ and the weighted sum of V, 2·2·s·h FLOPs per token
+    per layer forward, x3 with backward: 12·L·s·h (Chowdhery et al. 2022, PaLM, Appendix B)."""
+    return 12.0 * m.layers * m.seq * m.hidden
+
+
 def training_flops(n_params: int, tokens: float, recompute: str = "none", model: ModelShape | None = None) -> float:
     """Total FLOPs to train on `tokens` tokens (seed: 6 x 1.75e11 x 3e11 ≈ 3.14e23)."""
     return hardware_flops_per_token(n_params, recompute, model) * tokens

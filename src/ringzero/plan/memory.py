@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from . import activations as act
 from .config import Parallel, Training
@@ -50,8 +51,9 @@ class StateBytes:
         return self.weights + self.grads + self.optimizer
 
 
+@lru_cache(maxsize=None)
 def state_bytes(precision: str, optimizer: str) -> StateBytes:
-    """The per-parameter bytes of the table above."""
+    """The per-parameter bytes of the table above (cached: a handful of combinations)."""
     mixed = precision != "fp32"
     moments = 2 if optimizer == "adam" else 1
     return StateBytes(weights=2 if mixed else 4, grads=2 if mixed else 4,
@@ -107,11 +109,12 @@ def zero_formula(n_params: float, dp: int, stage: int, k: int = 12) -> float:
 def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> float:
     """Communication buffers (see the module doc)."""
     sb = state_bytes(tr.precision, tr.optimizer)
-    layer = param_count(m).per_layer / par.tp
+    counts = param_count(m)
+    layer = counts.per_layer / par.tp
     if par.zero >= 3:
         buffers = layer * (2 * sb.weights + sb.grads)
     elif par.dp > 1:
-        grads = model_parallel_params(param_count(m).total, par.tp, par.pp) * sb.grads
+        grads = model_parallel_params(counts.total, par.tp, par.pp) * sb.grads
         buffers = min(2 * par.bucket_mb * MiB, grads)
     else:
         buffers = 0.0
@@ -126,12 +129,21 @@ def memory(m: ModelShape, tr: Training, par: Parallel) -> Memory:
     n = param_count(m).total
     params, grads, optimizer, offloaded = model_states(
         n, state_bytes(tr.precision, tr.optimizer), par.dp, par.zero, par.tp, par.pp, par.offload)
-    kw = dict(value_bytes=tr.bytes_per_value, dropout=tr.dropout, flash=par.flash_attention,
-              tp=par.tp, sp=par.sequence_parallel)
-    activations = act.activation_bytes(
-        m, tr.micro_batch, m.seq, pp=par.pp, microbatches=tr.accumulation(par.dp),
-        schedule=par.schedule, recompute=par.recompute, **kw)
-    if par.pp == 1:
-        activations += act.head_bytes(m, tr.micro_batch, m.seq, value_bytes=tr.bytes_per_value, tp=par.tp)
+    activations = _activations(m, tr.micro_batch, tr.accumulation(par.dp), tr.bytes_per_value, tr.dropout,
+                               par.pp, par.schedule, par.recompute, par.flash_attention, par.tp,
+                               par.sequence_parallel)
     return Memory(params=params, grads=grads, optimizer=optimizer, activations=activations,
                   buffers=buffer_bytes(m, tr, par), offloaded=offloaded)
+
+
+@lru_cache(maxsize=65536)
+def _activations(m: ModelShape, b: int, microbatches: int, value_bytes: int, dropout: bool, pp: int,
+                 schedule: str, recompute: str, flash: bool, tp: int, sp: bool) -> float:
+    """`memory`'s activations: the blocks, plus the output layer without pipelining (cached: a search
+    asks again for every ZeRO stage and offload, which do not change them)."""
+    kw = dict(value_bytes=value_bytes, dropout=dropout, flash=flash, tp=tp, sp=sp)
+    activations = act.activation_bytes(m, b, m.seq, pp=pp, microbatches=microbatches, schedule=schedule,
+                                       recompute=recompute, **kw)
+    if pp == 1:
+        activations += act.head_bytes(m, b, m.seq, value_bytes=value_bytes, tp=tp)
+    return activations

@@ -68,6 +68,14 @@ class ModelShape:
         if self.norm not in NORMS:
             raise ValueError(f"model norm={self.norm!r}; allowed: {', '.join(NORMS)}")
 
+    def __hash__(self) -> int:
+        # Cached: the planner's caches key on the shape thousands of times per search.
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads

@@ -107,10 +107,10 @@ def comm_ops(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> list[C
             + pipeline_ops(m, tr, par, gpn))
 
 
-def _exposed(ops: list[CommOp], hw: Hardware, hide: float, pieces: int) -> float:
-    """Exposed seconds of `ops` launched during `hide` seconds of compute: what does not fit, and
-    at least the last of `pieces` pieces, which starts when the compute ends."""
-    total = sum(op_seconds(o, hw) for o in ops)
+def _exposed(total: float, hide: float, pieces: int) -> float:
+    """Exposed seconds of `total` seconds of communication launched during `hide` seconds of
+    compute: what does not fit, and at least the last of `pieces` pieces, which starts when the
+    compute ends."""
     return max(total - hide, total / max(1, pieces)) if total else 0.0
 
 
@@ -136,23 +136,35 @@ def step_time(m: ModelShape, tr: Training, par: Parallel, hw: Hardware,
     forward = 2.0 * n * tokens / rate
     backward = flops.hardware_flops_per_token(n, par.recompute, m) * tokens / rate - forward
     ops = comm_ops(m, tr, par, hw) if ops is None else ops
-    by_kind: dict[str, float] = {}
-    for o in ops:
-        by_kind[o.kind] = by_kind.get(o.kind, 0.0) + op_seconds(o, hw)
-    buckets = max(1, math.ceil(sum(o.count * o.itemsize for o in ops if o.kind == "dp")
-                               / (par.bucket_mb * 2**20)))
+    by_kind, unhidden, during_forward, during_backward, dp_bytes = _comm_seconds(tuple(ops), hw)
+    buckets = max(1, math.ceil(dp_bytes / (par.bucket_mb * 2**20)))
     layers = math.ceil(m.layers / par.pp)
-    exposed = sum(op_seconds(o, hw) for o in ops if o.overlap == "none")
-    exposed += _exposed([o for o in ops if o.overlap == "forward"], hw, forward, layers)
+    exposed = unhidden
+    exposed += _exposed(during_forward, forward, layers)
     # DP and ZeRO-1 sync once, behind the last micro-batch's backward; ZeRO-2/3 every micro-batch.
     per_micro = par.zero >= 2
-    exposed += _exposed([o for o in ops if o.overlap == "backward"], hw,
-                        backward if per_micro else backward / micro, layers if per_micro else buckets)
+    exposed += _exposed(during_backward, backward if per_micro else backward / micro,
+                        layers if per_micro else buckets)
     fraction = (par.pp - 1) / (micro + par.pp - 1)
     return StepTime(forward=forward, backward=backward, comm=sum(by_kind.values()),
                     exposed_comm=exposed, bubble=(forward + backward) * (par.pp - 1) / micro,
                     offload=offload_seconds(m, tr, par, hw), bubble_fraction=fraction,
-                    comm_by_kind=by_kind)
+                    comm_by_kind=dict(by_kind))
+
+
+@lru_cache(maxsize=65536)
+def _comm_seconds(ops: tuple[CommOp, ...], hw: Hardware) -> tuple[dict[str, float], float, float, float, int]:
+    """`step_time`'s sums over `ops`: seconds by kind; seconds that nothing hides, launched during
+    forward and during backward; bytes of the DP gradient buffer (cached: a search repeats the same
+    collectives for every recomputation and schedule)."""
+    timed = [(o, op_seconds(o, hw)) for o in ops]
+    by_kind: dict[str, float] = {}
+    for o, t in timed:
+        by_kind[o.kind] = by_kind.get(o.kind, 0.0) + t
+    return (by_kind, sum(t for o, t in timed if o.overlap == "none"),
+            sum(t for o, t in timed if o.overlap == "forward"),
+            sum(t for o, t in timed if o.overlap == "backward"),
+            sum(o.count * o.itemsize for o in ops if o.kind == "dp"))
 
 
 def transfer_seconds(nbytes: float, bandwidth: float, alpha: float = 0.0) -> float:

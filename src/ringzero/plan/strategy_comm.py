@@ -101,45 +101,57 @@ def node_share(stride: int, size: int, gpus_per_node: int) -> int:
 def data_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int,
                       algorithm: str = "ring") -> list[CommOp]:
     """The gradient/weight collectives of DP or ZeRO over the dp group (empty when dp = 1)."""
-    n = par.dp
-    if n == 1:
+    if par.dp == 1:
         return []
-    local = math.ceil(param_count(m).total / (par.tp * par.pp))
-    size = 2 if tr.precision != "fp32" else 4
-    micro = tr.accumulation(n)
-    node = node_share(par.tp, n, gpus_per_node)
+    return list(_data_parallel_ops(param_count(m).total, 2 if tr.precision != "fp32" else 4,
+                                   tr.accumulation(par.dp), par.dp, par.tp, par.pp, par.zero, gpus_per_node,
+                                   algorithm))
+
+
+@lru_cache(maxsize=65536)
+def _data_parallel_ops(n_params: int, size: int, micro: int, n: int, tp: int, pp: int, zero: int,
+                       gpus_per_node: int, algorithm: str) -> tuple[CommOp, ...]:
+    """`data_parallel_ops` from plain numbers (cached: a search asks again for every recomputation,
+    sequence-parallel and schedule setting, which do not change them)."""
+    local = math.ceil(n_params / (tp * pp))
+    node = node_share(tp, n, gpus_per_node)
     padded = math.ceil(local / n) * n
 
     def op(kind, what, coll, algo, count, calls, overlap):
         return CommOp(kind, what, coll, algo, n, count, size, calls, node, overlap)
 
-    if par.zero == 0:
-        return [op("dp", "gradient all-reduce", "all_reduce", algorithm, local, 1, "backward")]
-    rs_calls = 1 if par.zero == 1 else micro
+    if zero == 0:
+        return (op("dp", "gradient all-reduce", "all_reduce", algorithm, local, 1, "backward"),)
+    rs_calls = 1 if zero == 1 else micro
     ops = [op("zero", "gradient reduce-scatter", "reduce_scatter", "ring", padded, rs_calls, "backward")]
-    if par.zero < 3:
+    if zero < 3:
         ops.append(op("zero", "weight all-gather after the step", "all_gather", "ring", padded, 1, "none"))
     else:
         ops.append(op("zero", "weight all-gather before forward", "all_gather", "ring", padded, micro, "forward"))
         ops.append(op("zero", "weight all-gather before backward", "all_gather", "ring", padded, micro, "backward"))
-    return ops
+    return tuple(ops)
 
 
 def tensor_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:
     """Megatron-LM's four activation all-reduces per layer per micro-batch (empty when tp = 1)."""
-    t = par.tp
-    if t == 1:
+    if par.tp == 1:
         return []
-    count = tr.micro_batch * m.seq * m.hidden
-    calls = 4 * math.ceil(m.layers / par.pp) * tr.accumulation(par.dp)
-    node = min(t, gpus_per_node)
-    if par.sequence_parallel:
-        return [CommOp("tp", "sequence-parallel reduce-scatter", "reduce_scatter", "ring", t, count,
-                       tr.bytes_per_value, calls, node, "none"),
+    return list(_tensor_parallel_ops(par.tp, tr.micro_batch * m.seq * m.hidden, tr.bytes_per_value,
+                                     4 * math.ceil(m.layers / par.pp) * tr.accumulation(par.dp),
+                                     min(par.tp, gpus_per_node), par.sequence_parallel))
+
+
+@lru_cache(maxsize=65536)
+def _tensor_parallel_ops(t: int, count: int, itemsize: int, calls: int, node: int,
+                         sequence_parallel: bool) -> tuple[CommOp, ...]:
+    """`tensor_parallel_ops` from plain numbers (cached, like `_data_parallel_ops`)."""
+    if sequence_parallel:
+        return (CommOp("tp", "sequence-parallel reduce-scatter", "reduce_scatter", "ring", t, count,
+                       itemsize, calls, node, "none"),
                 CommOp("tp", "sequence-parallel all-gather", "all_gather", "ring", t, count,
-                       tr.bytes_per_value, calls, node, "none")]
-    return [CommOp("tp", "activation all-reduce", "all_reduce", "ring", t, count, tr.bytes_per_value,
-                   calls, node, "none")]
+                       itemsize, calls, node, "none"))
+    return (CommOp("tp", "activation all-reduce", "all_reduce", "ring", t, count, itemsize, calls, node,
+                   "none"),)
 
 
 def pipeline_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:
@@ -153,8 +165,14 @@ def pipeline_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int)
     # A middle stage sends an activation forward and a gradient back per micro-batch (and receives
     # as many); with two stages each end sends in one direction only.
     calls = tr.accumulation(par.dp) * (2 if p > 2 else 1)
-    return [CommOp("pp", "activations forward, gradients backward", "send_recv", "p2p", p, count,
-                   tr.bytes_per_value, calls, p if inside else 1, "none")]
+    return [_pipeline_op(p, count, tr.bytes_per_value, calls, p if inside else 1)]
+
+
+@lru_cache(maxsize=65536)
+def _pipeline_op(p: int, count: int, itemsize: int, calls: int, node: int) -> CommOp:
+    """The `pipeline_ops` CommOp (cached, like `_data_parallel_ops`)."""
+    return CommOp("pp", "activations forward, gradients backward", "send_recv", "p2p", p, count, itemsize,
+                  calls, node, "none")
 
 
 def seed_tp_bytes_per_layer(b: int, s: int, h: int, value_bytes: int = 2) -> float:

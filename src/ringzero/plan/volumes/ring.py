@@ -10,14 +10,31 @@ chunk but (r + shift + 1) and receives every chunk but (r + shift): with equal c
 
 from __future__ import annotations
 
+from collections import Counter
+
+from ..chunks import n_segments
 from ..comm_volume import Call, Tally, Volume
 
 
 def _phase(call: Call, rank: int, shift: int, reduce: bool, t: Tally) -> None:
-    n, sizes = call.n, call.sizes
-    for s in range(n - 1):
-        out, inc = sizes[(rank + shift - s) % n], sizes[(rank + shift - s - 1) % n]
-        t.step([out], [inc], reduce=inc if reduce else 0, segment=call.segment_elems)
+    """One phase in closed form (the planner prices rings of thousands of ranks): rank r sends every
+    chunk but e_out = r + shift + 1 and receives every chunk but e_in = r + shift (mod n); a step
+    counts as a round when it moves a non-empty chunk either way."""
+    n, sizes, seg = call.n, call.sizes, call.segment_elems
+    e_out, e_in = sizes[(rank + shift + 1) % n], sizes[(rank + shift) % n]
+    total = sum(sizes)
+    pieces = sum(k * n_segments(size, seg) for size, k in Counter(sizes).items())
+    if min(sizes) > 0:
+        rounds = n - 1
+    else:
+        rounds = sum(1 for s in range(n - 1)
+                     if sizes[(rank + shift - s) % n] or sizes[(rank + shift - s - 1) % n])
+    t.rounds += rounds
+    t.sent += total - e_out
+    t.recv += total - e_in
+    t.msgs_sent += pieces - n_segments(e_out, seg)
+    t.msgs_recv += pieces - n_segments(e_in, seg)
+    t.reduced += (total - e_in) if reduce else 0
 
 
 def reduce_scatter(call: Call, rank: int) -> Volume:

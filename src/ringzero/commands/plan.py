@@ -1,0 +1,280 @@
+"""`ringzero plan`: size, compute, memory, communication and time of one training configuration.
+
+    ringzero plan --model llama-2-7b --gpus 8 --gpu a100-80gb --zero 3
+    ringzero plan --layers 24 --hidden 2048 --heads 16 --vocab 50257 --seq 2048 --gpus 16 --tp 2
+    ringzero plan --model gpt3-175b --gpus 1024 --tp 8 --pp 8 --days 30 --json
+
+Parsing and checking only; the numbers come from `ringzero.plan.estimate` (and `.search`,
+`.recommend`), the tables from `plan_render`, the figure from `plan_plot`. Every bad value is a
+ValueError: one line naming the flag and what is allowed, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+
+from ..plan import config
+from ..plan.config import Parallel, Training
+from ..plan.estimate import estimate, to_dict
+from ..plan.hardware import HARDWARE, Hardware, hardware
+from ..plan.presets import MODELS, TRAINED_TOKENS, model
+from ..plan.shapes import NORMS, POSITIONS, ModelShape
+
+SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "vocab", "seq", "ffn", "gated", "bias", "tied",
+               "positions", "norm")
+REQUIRED_SHAPE = ("layers", "hidden", "heads", "vocab", "seq")
+HW_FLAGS = {"mfu": "mfu", "gpus_per_node": "gpus_per_node", "intra_bw": "intra_bw",
+            "inter_bw": "inter_bw", "hbm": "hbm_bytes"}
+DEFAULT_GPU = "a100-80gb"
+SHAPE_HELP = {"layers": "transformer blocks L", "hidden": "model width h", "heads": "attention heads a",
+              "kv-heads": "key/value heads (grouped-query attention; default: heads)",
+              "vocab": "vocabulary size V", "seq": "sequence length s", "ffn": "MLP width (default 4h)",
+              "gated": "gated MLP (SwiGLU, three matrices)", "bias": "biases on the linear layers",
+              "tied": "output head shares the token embedding"}
+
+_SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
+_BYTES = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_BITS = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
+
+
+def _split(text: str, flag: str) -> tuple[float, str]:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if not m:
+        raise ValueError(f"{flag}={text!r} is not a number")
+    return float(m.group(1)), m.group(2)
+
+
+def parse_count(text: str, flag: str = "--tokens") -> float:
+    """'300e9', '300B', '2T', '1.5M' -> a count (K, M, B or G, T, P: powers of 1000)."""
+    value, unit = _split(text, flag)
+    if unit not in _SCALE:
+        raise ValueError(f"{flag}={text!r}: unknown suffix {unit!r}; allowed: K, M, B (or G), T, P")
+    return value * _SCALE[unit]
+
+
+def parse_bytes(text: str, flag: str, per_second: bool = False) -> float:
+    """'80GB', '80GiB', '8.6e10' -> bytes; with `per_second`, '300GB/s', '200Gbit/s' -> bytes/s."""
+    body = text.strip()
+    if per_second and body.lower().endswith("/s"):
+        body = body[:-2]
+    value, unit = _split(body, flag)
+    factor = _BYTES.get(unit) or (_BITS.get(unit) if per_second else None)
+    if factor is None:
+        units = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB" + (" (/s), Gbit/s" if per_second else "")
+        raise ValueError(f"{flag}={text!r}: unknown unit {unit!r}; allowed: {units}")
+    return value * factor
+
+
+def add_arguments(parser) -> None:
+    parser.description = __doc__.splitlines()[0].split(": ", 1)[1]
+    g = parser.add_argument_group("model (a preset, or every shape flag; flags override a preset)")
+    a = g.add_argument
+    a("--model", help=f"preset: {', '.join(MODELS)}")
+    for flag, what in SHAPE_HELP.items():
+        if flag in ("gated", "bias", "tied"):
+            a(f"--{flag}", action=argparse.BooleanOptionalAction, default=None, help=what)
+        else:
+            a(f"--{flag}", type=int, metavar="N", help=what)
+    a("--positions", help=f"{' or '.join(POSITIONS)}")
+    a("--norm", help=f"{' or '.join(NORMS)}")
+
+    g = parser.add_argument_group("training")
+    a = g.add_argument
+    a("--micro-batch", type=int, default=1, help="sequences per GPU per pass (default 1)")
+    a("--global-batch", type=int, help="sequences per optimizer step (default micro-batch x dp)")
+    a("--tokens", help="training tokens, e.g. 300e9, 300B, 2T (default: the preset's, else 20/param)")
+    a("--precision", default="bf16", help=f"{', '.join(config.PRECISIONS)} (default bf16)")
+    a("--optimizer", default="adam", help=f"{', '.join(config.OPTIMIZERS)} (default adam)")
+    a("--no-dropout", dest="dropout", action="store_false", help="no dropout masks in activations")
+
+    g = parser.add_argument_group("parallelism (dp x tp x pp = --gpus)")
+    a = g.add_argument
+    a("--gpus", type=int, help="GPUs in all; without --dp, dp = gpus / (tp x pp)")
+    a("--dp", type=int, help="data-parallel ranks (default: gpus / (tp x pp), else 1)")
+    a("--tp", type=int, default=1, help="tensor-parallel ranks; must divide --heads and --kv-heads")
+    a("--pp", type=int, default=1, help="pipeline stages")
+    a("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+    a("--offload", default="none", help=f"{', '.join(config.OFFLOADS)} (default none)")
+    a("--sequence-parallel", action="store_true")
+    a("--schedule", default="1f1b", help=f"{', '.join(config.SCHEDULES)} (default 1f1b)")
+    a("--recompute", default="none", help=f"{', '.join(config.RECOMPUTES)} (default none)")
+    a("--flash-attention", action="store_true")
+    a("--dp-algorithm", default="auto", help=f"{', '.join(config.DP_ALGORITHMS)} (default auto)")
+    a("--bucket-mb", type=float, default=25.0, help="gradient bucket, MiB (default 25)")
+
+    g = parser.add_argument_group("hardware")
+    a = g.add_argument
+    a("--gpu", default=DEFAULT_GPU, help=f"{', '.join(HARDWARE)} (default {DEFAULT_GPU})")
+    a("--mfu", type=float, help="target model FLOPs utilisation, e.g. 0.4")
+    a("--gpus-per-node", type=int)
+    a("--intra-bw", help="bytes/s per GPU per direction inside a node, e.g. 300GB/s")
+    a("--inter-bw", help="bytes/s per GPU per direction between nodes, e.g. 25GB/s or 200Gbit/s")
+    a("--hbm", help="device memory, e.g. 80GiB or 80GB")
+
+    g = parser.add_argument_group("output")
+    a = g.add_argument
+    a("--days", type=float, help="also print the GPUs needed to train in this many days")
+    a("--search", action="store_true", help="search dp/tp/pp/zero/micro-batch/recompute/sp")
+    a("--top", type=int, default=10, help="configurations the search shows (default 10)")
+    a("--json", action="store_true", help="print the JSON plan (schema ringzero.plan/1) only")
+    a("--plot", metavar="FILE.png", help="write memory per GPU for DP and ZeRO-1/2/3 to this PNG")
+
+
+def build_model(args) -> ModelShape:
+    """The preset (if any) with every given shape flag applied."""
+    given = {k: getattr(args, k) for k in SHAPE_FLAGS if getattr(args, k) is not None}
+    if args.model is None:
+        missing = [f"--{k}" for k in REQUIRED_SHAPE if k not in given]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}: give every one of --layers, --hidden, "
+                             f"--heads, --vocab, --seq, or --model NAME ({', '.join(MODELS)})")
+        return ModelShape(name="custom", **given)
+    base = model(args.model)
+    if not given:
+        return base
+    return dataclasses.replace(base, name=f"{base.name} (modified)", **given)
+
+
+def build_training(args) -> Training:
+    tokens = parse_count(args.tokens) if args.tokens is not None else None
+    if tokens is None and args.model is not None:
+        tokens = TRAINED_TOKENS.get(model(args.model).name)
+    return Training(micro_batch=args.micro_batch, global_batch=args.global_batch, tokens=tokens,
+                    precision=args.precision, optimizer=args.optimizer, dropout=args.dropout)
+
+
+def build_parallel(args, m: ModelShape) -> Parallel:
+    tp, pp = args.tp, args.pp
+    for flag, v in (("--tp", tp), ("--pp", pp), ("--dp", args.dp), ("--gpus", args.gpus)):
+        if v is not None and v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
+    if m.heads % tp or m.kv % tp:
+        ok = [d for d in range(1, m.kv + 1) if m.kv % d == 0 and m.heads % d == 0]
+        kv = f" and the {m.kv} kv heads" if m.kv != m.heads else ""
+        raise ValueError(f"--tp {tp} must divide the {m.heads} attention heads{kv}; allowed: "
+                         f"{', '.join(map(str, ok))}")
+    if pp > m.layers:
+        raise ValueError(f"--pp {pp} is more stages than the {m.layers} layers; allowed: 1-{m.layers}")
+    dp = args.dp
+    if args.gpus is not None:
+        if dp is None:
+            if args.gpus % (tp * pp):
+                raise ValueError(f"--gpus {args.gpus} is not divisible by tp x pp = {tp} x {pp}")
+            dp = args.gpus // (tp * pp)
+        elif dp * tp * pp != args.gpus:
+            raise ValueError(f"--dp x --tp x --pp = {dp} x {tp} x {pp} = {dp * tp * pp} must equal "
+                             f"--gpus {args.gpus} (or leave out --dp)")
+    return Parallel(dp=dp or 1, tp=tp, pp=pp, zero=args.zero, offload=args.offload,
+                    sequence_parallel=args.sequence_parallel, schedule=args.schedule,
+                    recompute=args.recompute, flash_attention=args.flash_attention,
+                    dp_algorithm=args.dp_algorithm, bucket_mb=args.bucket_mb)
+
+
+def build_hardware(args) -> Hardware:
+    hw = hardware(args.gpu)
+    changes = {}
+    for flag, field in HW_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        name = "--" + flag.replace("_", "-")
+        if flag in ("intra_bw", "inter_bw"):
+            value = parse_bytes(value, name, per_second=True)
+        elif flag == "hbm":
+            value = int(parse_bytes(value, name))
+        changes[field] = value
+    return dataclasses.replace(hw, name=f"{hw.name} (modified)", **changes) if changes else hw
+
+
+def check_output(args) -> None:
+    if args.days is not None and not args.days > 0:
+        raise ValueError(f"--days must be > 0, got {args.days}")
+    if args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    if args.plot is not None:
+        from .plan_plot import check_path
+        check_path(args.plot)
+
+
+def run_search(args, e):
+    """`ringzero.plan.search` over the plan's model, training, hardware and GPU count."""
+    try:
+        from ..plan.search import search
+    except ImportError as exc:
+        raise ValueError(f"--search is not available in this build ({exc})") from None
+    return search(e.model, e.training, e.hardware, e.parallel.gpus, top=args.top)
+
+
+def search_dict(r) -> dict:
+    """The "search" object of `--search --json`."""
+    return {"evaluated": r.evaluated, "fitting": r.fitting, "seconds": r.seconds, "rate": r.rate,
+            "best": [to_dict(b) for b in r.best], "why": list(r.why())}
+
+
+def tokens_source(args, tr: Training) -> str:
+    """Where the training tokens D come from, for the inputs table."""
+    if args.tokens is not None:
+        return "--tokens"
+    if tr.tokens is not None:
+        return f"{model(args.model).name}'s training run"
+    return "20 per parameter, Chinchilla"
+
+
+def run_recommend(e):
+    """The decision flow of `ringzero.plan.recommend`, or None where it is not available."""
+    try:
+        from ..plan.recommend import recommend
+    except ImportError:
+        return None
+    try:
+        # The plan's own memory settings, so that its "fits" agrees with the memory table.
+        return recommend(e.model, e.training, e.hardware, e.parallel.gpus,
+                         recompute=e.parallel.recompute, flash_attention=e.parallel.flash_attention)
+    except ValueError as exc:
+        return str(exc)
+
+
+_FIELD_FLAGS = {"hbm_bytes": "--hbm", **{f: "--" + f.replace("_", "-") for f in (
+    "micro_batch", "global_batch", "tokens", "precision", "optimizer", "zero", "offload",
+    "sequence_parallel", "schedule", "recompute", "dp_algorithm", "bucket_mb", "mfu", "gpus_per_node",
+    "intra_bw", "inter_bw")}}
+
+
+def as_flag(exc: ValueError) -> ValueError:
+    """'zero=5 is not supported' -> '--zero=5 is not supported' (the config's field as its flag)."""
+    text = str(exc)
+    m = re.match(r"(?:hardware )?([a-z_]+)", text)
+    if m and m.group(1) in _FIELD_FLAGS:
+        return ValueError(_FIELD_FLAGS[m.group(1)] + text[m.end():])
+    return exc
+
+
+def build_estimate(args):
+    """The Estimate the flags describe."""
+    m = build_model(args)
+    try:
+        tr = build_training(args)
+        return estimate(m, tr, build_parallel(args, m), build_hardware(args), days=args.days)
+    except ValueError as exc:
+        raise as_flag(exc) from None
+
+
+def run(args) -> int:
+    check_output(args)
+    e = build_estimate(args)
+    found = run_search(args, e) if args.search else None
+    if args.plot is not None:
+        from .plan_plot import plot
+        plot(e, args.plot)
+    if args.json:
+        plan = to_dict(e)
+        print(json.dumps(plan if found is None else {"plan": plan, "search": search_dict(found)}))
+        return 0
+    from . import plan_render
+    plan_render.render(e, tokens_from=tokens_source(args, e.training), advice=run_recommend(e), found=found,
+                       plot=args.plot)
+    return 0

@@ -1,0 +1,233 @@
+"""Tables of `ringzero plan` (rich). Formatting only: every number comes from `ringzero.plan`.
+
+Units: GB = 10⁹ bytes and GiB = 2³⁰ bytes (both are shown for memory; every other header names
+its unit), seconds, FLOPs, tokens.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from ..plan import flops
+from ..plan.compare import strategy_comparison
+from ..plan.estimate import Estimate
+from ..plan.memory import state_bytes
+from ..plan.shapes import approx_params
+from ..plan.step_time import op_seconds
+
+GB, GiB = 1e9, 2**30
+UNITS = "GB = 10⁹ bytes, GiB = 2³⁰ bytes; bytes on the wire are what the busiest GPU sends"
+
+
+def num(v: float) -> str:
+    """A readable number: thousands separators when large, significant digits when small."""
+    a = abs(v)
+    if a == 0:
+        return "0"
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3f}" if a >= 0.01 else f"{v:.2e}"
+
+
+def gb(v: float) -> str:
+    return num(v / GB)
+
+
+def gib(v: float) -> str:
+    return num(v / GiB)
+
+
+def seconds(v: float) -> str:
+    return "0" if v == 0 else f"{v:.4g}"
+
+
+def short(n: float) -> str:
+    """2e12 -> '2 T', 6738415616 -> '6.74 B' (powers of 1000)."""
+    for scale, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g} {suffix}"
+    return f"{n:.3g}"
+
+
+def count(n: float) -> str:
+    """6738415616 -> '6,738,415,616 (6.74 B)'."""
+    return f"{n:,.0f} ({short(n)})" if n >= 1000 else f"{n:,.0f}"
+
+
+def _table(title: str, *columns: str, right: tuple[int, ...] = ()) -> Table:
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, title_style="bold")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="right" if i in right else "left")
+    return t
+
+
+def _console() -> Console:
+    """The terminal's width; 160 columns when piped (rich's 80 would wrap every table) unless
+    COLUMNS says otherwise."""
+    c = Console(highlight=False)
+    return c if c.is_terminal or "COLUMNS" in os.environ else Console(highlight=False, width=160)
+
+
+def inputs(e: Estimate, tokens_from: str) -> Table:
+    m, tr, p, hw = e.model, e.training, e.parallel, e.hardware
+    t = _table("Inputs", "", "")
+    t.show_header = False
+    shape = (f"L={m.layers} h={m.hidden} heads={m.heads} kv_heads={m.kv} V={m.vocab} s={m.seq} "
+             f"ffn={m.ffn_dim} gated={m.gated} bias={m.bias} tied={m.tied} {m.positions} {m.norm}")
+    t.add_row("model", f"{m.name}: {shape}")
+    t.add_row("training", f"micro-batch {tr.micro_batch}, global batch {tr.sequences_per_step(p.dp)} "
+              f"sequences ({tr.accumulation(p.dp)} micro-batches per rank), {short(e.tokens)} tokens "
+              f"({tokens_from}), {tr.precision}, {tr.optimizer}, dropout {tr.dropout}")
+    t.add_row("parallel", f"{p.gpus} GPUs = dp {p.dp} x tp {p.tp} x pp {p.pp}; ZeRO-{p.zero}, offload "
+              f"{p.offload}, sequence-parallel {p.sequence_parallel}, schedule {p.schedule}, "
+              f"recompute {p.recompute}, flash-attention {p.flash_attention}, dp-algorithm "
+              f"{p.dp_algorithm}, buckets {p.bucket_mb:g} MiB")
+    t.add_row("hardware", f"{hw.name}: {hw.peak_flops / 1e12:g} TFLOP/s peak, HBM {gb(hw.hbm_bytes)} GB "
+              f"({gib(hw.hbm_bytes)} GiB), NVLink {hw.intra_bw / GB:g} GB/s, network "
+              f"{hw.inter_bw / GB:g} GB/s per GPU per direction, {hw.gpus_per_node} GPUs/node, "
+              f"target MFU {hw.mfu:.0%}")
+    return t
+
+
+def size_and_compute(e: Estimate) -> Table:
+    pc, hw, p = e.params, e.hardware, e.parallel
+    t = _table("Size and compute", "quantity", "value", "note", right=(1,))
+    for k in ("embedding", "positions", "attention", "mlp", "norms", "head"):
+        t.add_row(f"params: {k}", f"{getattr(pc, k):,}", f"{getattr(pc, k) / pc.total:.1%}")
+    t.add_row("params (exact)", count(pc.total), f"{pc.per_layer:,} per layer")
+    approx = approx_params(e.model.layers, e.model.hidden)
+    t.add_row("seed: N ≈ L(12h²+5h)", count(approx), f"{approx / pc.total:.3f} x exact")
+    per_token = {"full": "8N (full recompute)", "selective": "6N + 4Lsh (selective recompute)"}
+    t.add_row("FLOPs per step", f"{e.flops_per_step:.3e}",
+              f"{per_token.get(p.recompute, '6N')} x {e.tokens_per_step:,} tokens")
+    formula = {"full": "8ND", "selective": "(6N + 4Lsh)·D"}.get(p.recompute, "6ND")
+    t.add_row("FLOPs total", f"{e.flops_total:.3e}", f"{formula}, D = {short(e.tokens)} tokens")
+    days = flops.training_days(e.flops_total, p.gpus, hw.peak_flops, hw.mfu)
+    t.add_row("training days", num(days), f"{p.gpus} GPUs at the target MFU {hw.mfu:.0%}")
+    t.add_row("training days (modelled step)", num(e.tokens / e.tokens_per_s / 86400),
+              f"at {num(e.tokens_per_s)} tokens/s")
+    if e.days is not None:
+        need = flops.gpus_needed(e.flops_total, e.days, hw.peak_flops, hw.mfu)
+        t.add_row(f"GPUs for {e.days:g} days", f"{need:,}", f"{hw.name} at {hw.mfu:.0%} MFU")
+    return t
+
+
+def memory(e: Estimate) -> Table:
+    mem, hw, tr, p = e.memory, e.hardware, e.training, e.parallel
+    sb = state_bytes(tr.precision, tr.optimizer)
+    t = _table("Memory per GPU", "", "GB (10⁹ B)", "GiB (2³⁰ B)", "note", right=(1, 2))
+    share = f" / dp {p.dp}" if p.dp > 1 else ""
+    notes = {"params": f"{sb.weights} B/param / (tp·pp){share if p.zero >= 3 else ''}",
+             "grads": f"{sb.grads} B/param / (tp·pp){share if p.zero >= 2 else ''}",
+             "optimizer": f"{sb.optimizer} B/param / (tp·pp){share if p.zero >= 1 else ''}"
+                          + (f", offloaded to {p.offload}" if p.offload != "none" else ""),
+             "activations": f"micro-batch {tr.micro_batch}, recompute {p.recompute}",
+             "buffers": "gradient buckets / ZeRO-3 layers / pipeline send-receive"}
+    for k, note in notes.items():
+        t.add_row(k, gb(getattr(mem, k)), gib(getattr(mem, k)), note)
+    t.add_row("total", gb(mem.total), gib(mem.total), f"{mem.total / hw.hbm_bytes:.0%} of HBM",
+              style="bold")
+    if mem.offloaded:
+        t.add_row("(offloaded)", gb(mem.offloaded), gib(mem.offloaded), f"in {p.offload}, not in total")
+    t.add_row("HBM", gb(hw.hbm_bytes), gib(hw.hbm_bytes), hw.name)
+    t.add_row("fits", "yes" if e.fits else "NO", "", "" if e.fits else
+              f"short by {gb(mem.total - hw.hbm_bytes)} GB", style="green" if e.fits else "red")
+    return t
+
+
+def comm_ops(e: Estimate) -> Table:
+    t = _table("Communication per GPU per step", "kind", "what", "collective", "algorithm", "group",
+               "link", "calls", "GB/call", "GB/step", "GiB/step", "seconds", "overlaps",
+               right=tuple(range(4, 11)))
+    t.columns[1].no_wrap = t.columns[2].no_wrap = True
+    for o in e.ops:
+        per_call = o.volume().bytes_sent
+        t.add_row(o.kind, o.what, o.collective, o.algorithm, str(o.group),
+                  "network" if o.spans_nodes else "nvlink", f"{o.calls:,}", gb(per_call),
+                  gb(o.bytes_sent), gib(o.bytes_sent), seconds(op_seconds(o, e.hardware)), o.overlap)
+    if not e.ops:
+        t.add_row("-", "no communication (one GPU)", *[""] * 10)
+    return t
+
+
+def comparison(e: Estimate) -> Table:
+    t = _table("Per strategy: the seed's formula vs the exact bytes (Φ = gradient bytes per "
+               "model-parallel rank)", "strategy", "group", "scope", "seed", "seed GB", "exact",
+               "exact GB", "exact / seed", right=(1, 4, 6, 7))
+    for r in strategy_comparison(e.model, e.training, e.parallel, e.hardware.gpus_per_node):
+        letter = {"TP": "t", "PP": "p"}.get(r.strategy[:2], "N")
+        group = f"{letter}={r.group}" + (" (what if)" if r.what_if else "")
+        t.add_row(r.strategy, group, r.scope, r.seed_formula, gb(r.seed_bytes), r.exact_formula,
+                  gb(r.exact_bytes), f"{r.ratio:.3f}")
+    return t
+
+
+def timing(e: Estimate) -> Table:
+    s, hw = e.time, e.hardware
+    t = _table("Time per step", "", "seconds", "note", right=(1,))
+    t.add_row("forward", seconds(s.forward), f"at {hw.mfu:.0%} of {hw.peak_flops / 1e12:g} TFLOP/s")
+    again = "incl. recomputation" if e.parallel.recompute != "none" else ""
+    t.add_row("backward", seconds(s.backward), again)
+    t.add_row("compute", seconds(s.compute), "")
+    kinds = ", ".join(f"{k} {seconds(v)}" for k, v in s.comm_by_kind.items())
+    t.add_row("communication (all)", seconds(s.comm), kinds)
+    t.add_row("communication (exposed)", seconds(s.exposed_comm), "not hidden behind compute")
+    t.add_row("pipeline bubble", seconds(s.bubble), f"{s.bubble_fraction:.1%} of the pipeline "
+              f"({e.parallel.schedule})" if e.parallel.pp > 1 else "")
+    t.add_row("offload", seconds(s.offload), e.parallel.offload if s.offload else "")
+    t.add_row("step", seconds(s.step), f"{e.tokens_per_step:,} tokens", style="bold")
+    t.add_row("tokens/s", num(e.tokens_per_s), f"{num(e.tokens_per_s / e.parallel.gpus)} per GPU")
+    t.add_row("implied MFU", f"{e.mfu:.1%}", f"target {hw.mfu:.0%} (6N FLOPs per token)")
+    return t
+
+
+def advice_table(rec) -> Table | str:
+    if isinstance(rec, str):
+        return f"[yellow]recommendation unavailable: {rec}[/]"
+    t = _table(f"Recommendation (seed 004 §6.2): {rec.strategy}", "question", "answer", "because")
+    for question, answer, because in rec.steps:
+        t.add_row(question, answer, because)
+    return t
+
+
+def search_table(found) -> Table:
+    batch = getattr(found, "global_batch", 0)
+    on = f" on {found.best[0].parallel.gpus} GPUs" + (f", {batch:,} sequences per step" if batch else "")
+    t = _table(f"Search: the {len(found.best)} fastest configurations that fit{on}", "#", "dp", "tp",
+               "pp", "zero", "micro-batch", "recompute", "sp", "memory GB", "step s", "tokens/s", "MFU",
+               right=(0, 1, 2, 3, 4, 5, 8, 9, 10, 11))
+    for i, b in enumerate(found.best, 1):
+        p = b.parallel
+        t.add_row(str(i), str(p.dp), str(p.tp), str(p.pp), str(p.zero), str(b.training.micro_batch),
+                  p.recompute, "yes" if p.sequence_parallel else "no", gb(b.memory.total),
+                  seconds(b.time.step), num(b.tokens_per_s), f"{b.mfu:.1%}")
+    return t
+
+
+def render(e: Estimate, *, tokens_from: str, advice=None, found=None, plot: str | None = None,
+           console: Console | None = None) -> None:
+    """Print every section of the plan (and the recommendation and search, when given)."""
+    c = console or _console()
+    c.print(f"[dim]{UNITS}[/]")
+    for table in (inputs(e, tokens_from), size_and_compute(e), memory(e), comm_ops(e),
+                  comparison(e), timing(e)):
+        c.print(table)
+    if advice is not None:
+        c.print(advice_table(advice))
+    if found is not None:
+        if found.best:
+            c.print(search_table(found))
+        else:
+            c.print("[bold]Search[/]: no configuration fits")
+        for line in found.why():
+            c.print(f"  {line}")
+        c.print(f"evaluated {found.evaluated:,} configs in {found.seconds:.2f} s "
+                f"({found.rate:,.0f} configs/s), {found.fitting:,} fit in memory")
+    if plot:
+        c.print(f"wrote {plot}")

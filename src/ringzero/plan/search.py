@@ -1,0 +1,303 @@
+"""Search every way to split one training run over a GPU budget, keep what fits, rank by step time.
+
+Seed 004 §6.2 picks a layout by a decision flow (`plan.recommend`); the search answers the same
+question exhaustively, over the dp x tp x pp grid that §6.4 lays out (TP inside a node on NVLink,
+PP across nodes, DP outermost: the placement `strategy_comm` prices). For `gpus` GPUs it tries every
+
+    tp  dividing the heads and the kv heads, tp <= max_tp (default: gpus_per_node, so every
+        tensor-parallel all-reduce stays on NVLink),
+    pp  dividing the layers (balanced stages),
+    dp  = gpus / (tp·pp),
+
+and for each split every ZeRO stage x offload x recomputation x sequence parallelism x pipeline
+schedule x micro-batch of the `Space`. Combinations that cannot run are skipped silently and not
+counted as evaluated: sequence parallelism with tp = 1, offload with ZeRO-0, a micro-batch x dp that
+does not divide the global batch; with pp = 1 only the first schedule is tried (they coincide).
+
+Global batch: configurations are only comparable at the same tokens per step, so all of them run
+`global_batch` sequences per step: `training.global_batch` when set, otherwise
+gpus x min(micro_batches), the smallest batch at which every split (dp always divides gpus) can run
+the smallest micro-batch, i.e. one micro-batch per GPU for pure data parallelism (4M tokens for
+llama-2-70b on 1,024 GPUs, Llama 2's own batch). `training.micro_batch` is ignored; the rest of
+`training` (precision, optimizer, dropout, tokens) is kept.
+
+Evaluation is memory first and time only for what fits, with the same `memory`, `comm_ops` and
+`step_time` that `estimate` calls (`_evaluate`; their caches make repeats cheap); the top k are
+rebuilt as full `estimate(...)` results, so their numbers are those of the single-plan report.
+`SearchResult.why` explains the winner against the runner-up, against its own configuration with
+one memory saving undone, and against plain data parallelism.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from .config import OFFLOADS, RECOMPUTES, SCHEDULES, Parallel, Training
+from .estimate import Estimate, estimate
+from .hardware import Hardware
+from .memory import Memory, memory
+from .shapes import ModelShape
+from .step_time import StepTime, comm_ops, step_time
+
+GB = 1e9
+
+
+def _tuple(name: str, values, allowed, kind) -> tuple:
+    """`values` as a tuple without duplicates, each of type `kind` and in `allowed` (if given)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"space {name} must be a tuple, got {values!r}")
+    values = tuple(values)
+    if not values:
+        raise ValueError(f"space {name} must not be empty")
+    for v in values:
+        if type(v) is not kind:
+            raise ValueError(f"space {name} values must be {kind.__name__}, got {v!r}")
+        if allowed is not None and v not in allowed:
+            raise ValueError(f"space {name}={v!r} is not supported; allowed: {', '.join(map(str, allowed))}")
+    return tuple(dict.fromkeys(values))
+
+
+@dataclass(frozen=True)
+class Space:
+    """What the search enumerates for each dp x tp x pp split (lists are accepted and deduplicated)."""
+
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16)
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """Only tried when tp > 1 (tp = 1 runs without)."""
+    offload: tuple[str, ...] = ("none",)
+    """"cpu"/"nvme" are tried only with ZeRO >= 1."""
+    schedules: tuple[str, ...] = ("1f1b",)
+    max_tp: int | None = None
+    """Largest tensor-parallel degree (None: the hardware's gpus_per_node)."""
+
+    def __post_init__(self) -> None:
+        checks = {"zero": ((0, 1, 2, 3), int), "micro_batches": (None, int), "recompute": (RECOMPUTES, str),
+                  "sequence_parallel": ((False, True), bool), "offload": (OFFLOADS, str),
+                  "schedules": (SCHEDULES, str)}
+        for name, (allowed, kind) in checks.items():
+            object.__setattr__(self, name, _tuple(name, getattr(self, name), allowed, kind))
+        if min(self.micro_batches) < 1:
+            raise ValueError(f"space micro_batches must be >= 1, got {min(self.micro_batches)}")
+        if self.max_tp is not None and (type(self.max_tp) is not int or self.max_tp < 1):
+            raise ValueError(f"space max_tp must be None or an int >= 1, got {self.max_tp!r}")
+
+
+def label(e: Estimate) -> str:
+    """A configuration in one line: "dp=16 tp=8 pp=8 zero=1 mb=1 recompute=selective sp"."""
+    p, t = e.parallel, e.training
+    s = f"dp={p.dp} tp={p.tp} pp={p.pp} zero={p.zero} mb={t.micro_batch}"
+    s += f" recompute={p.recompute}" if p.recompute != "none" else ""
+    s += " sp" if p.sequence_parallel else ""
+    s += f" offload={p.offload}" if p.offload != "none" else ""
+    return s + (f" {p.schedule}" if p.pp > 1 else "")
+
+
+_PARTS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "pipeline bubble"),
+          ("offload", "offload"))
+
+
+def _because(slow: Estimate, fast: Estimate) -> str:
+    """The step-time component that differs most between two estimates, in words."""
+    attr, words = max(_PARTS, key=lambda p: abs(getattr(slow.time, p[0]) - getattr(fast.time, p[0])))
+    return f"{words} {getattr(slow.time, attr):.3g} s vs {getattr(fast.time, attr):.3g} s"
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.1f} GB"
+
+
+def _faster(b: Estimate, other: Estimate, what: str) -> str:
+    ratio = other.time.step / b.time.step
+    if ratio < 1.0005:
+        return f"Ties with {what} {label(other)} ({other.time.step:.4g} s vs {b.time.step:.4g} s per step)."
+    return f"{ratio:.2f}x faster than {what} {label(other)} ({other.time.step:.3g} s): {_because(other, b)}."
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The ranked configurations of one search, and what it cost."""
+
+    best: list[Estimate]
+    """Top-k fitting configurations, fastest step first (ties: the earlier, simpler split first)."""
+    evaluated: int
+    """Configurations evaluated (memory and, when it fits, time)."""
+    fitting: int
+    seconds: float
+    """Wall time of the search."""
+    gpus: int = 0
+    global_batch: int = 0
+    """Sequences per step of every configuration: training.global_batch when set, otherwise
+    gpus x min(space.micro_batches) (see the module doc)."""
+    space: Space | None = None
+    """What was enumerated (`neighbours` stays inside it)."""
+    closest: Estimate | None = None
+    """When nothing fits: the configuration that needs the least memory."""
+
+    @property
+    def rate(self) -> float:
+        """Configurations evaluated per second."""
+        return self.evaluated / self.seconds if self.seconds > 0 else 0.0
+
+    def baseline(self) -> Estimate | None:
+        """The simplest alternative to best[0]: plain data parallelism (dp = gpus, ZeRO-0, no
+        recomputation, the smallest micro-batch), None when nothing fits or it cannot run."""
+        if not self.best:
+            return None
+        b = self.best[0]
+        mb = min(self.space.micro_batches) if self.space else 1
+        return _try(b.model, dataclasses.replace(b.training, micro_batch=mb), Parallel(dp=b.parallel.gpus),
+                    b.hardware)
+
+    def neighbours(self) -> list[Estimate]:
+        """best[0] with one memory saving undone, each to the next lighter value in the space: a lower
+        ZeRO stage, lighter recomputation, less offload, no sequence parallelism."""
+        if not self.best:
+            return []
+        b, space = self.best[0], self.space or Space()
+        p, out = b.parallel, []
+        lighter = {"zero": sorted(z for z in space.zero if z < p.zero),
+                   "recompute": [r for r in RECOMPUTES[:RECOMPUTES.index(p.recompute)] if r in space.recompute],
+                   "offload": [o for o in OFFLOADS[:OFFLOADS.index(p.offload)] if o in space.offload],
+                   "sequence_parallel": [False] if p.sequence_parallel and False in space.sequence_parallel else []}
+        for field, values in lighter.items():
+            if values:                                 # the nearest lighter value: the last one
+                change = {field: values[-1]} | ({"offload": "none"} if field == "zero" and values[-1] == 0 else {})
+                e = _try(b.model, b.training, dataclasses.replace(p, **change), b.hardware)
+                out += [e] if e is not None else []
+        return out
+
+    def why(self) -> list[str]:
+        """Short sentences, numbers from the estimates: why best[0] wins over the runner-up, over
+        its lighter neighbours (or why it needs what they lack) and over plain data parallelism."""
+        if not self.best:
+            if self.closest is None:
+                return [f"No configuration to evaluate on {self.gpus} GPUs: no dp x tp x pp split has tp "
+                        "dividing the heads and kv heads (tp <= max_tp) and pp dividing the layers, with "
+                        f"micro-batch x dp dividing the global batch of {self.global_batch}."]
+            c = self.closest
+            return [f"Nothing fits: all {self.evaluated} configurations exceed {_gb(c.hardware.hbm_bytes)} HBM; "
+                    f"the leanest, {label(c)}, needs {_gb(c.memory.total)}."]
+        b, hbm = self.best[0], self.best[0].hardware.hbm_bytes
+        out = [f"{label(b)}: {b.time.step:.3g} s per step, {b.tokens_per_s:,.0f} tokens/s, MFU {b.mfu:.1%}, "
+               f"{_gb(b.memory.total)} of {_gb(hbm)} HBM."]
+        if len(self.best) > 1:
+            out.append(_faster(b, self.best[1], "the runner-up"))
+        for n in self.neighbours():
+            has, lacks = _changed(b, n)
+            if not n.fits:
+                out.append(f"{has} is needed: {lacks} would need {_gb(n.memory.total)} > {_gb(hbm)} HBM.")
+            else:
+                out.append(f"{lacks[0].upper() + lacks[1:]} also fits ({_gb(n.memory.total)}) but takes "
+                           f"{n.time.step / b.time.step:.2f}x as long: {_because(n, b)}.")
+        p, hw, by_kind = b.parallel, b.hardware, b.time.comm_by_kind
+        if p.tp > 1:
+            out.append(f"tp={p.tp} keeps tensor-parallel all-reduces on NVLink ({hw.intra_bw / GB:.0f} GB/s): "
+                       f"{by_kind.get('tp', 0.0):.3g} s per step.")
+        if p.dp > 1:
+            spans = any(o.spans_nodes for o in b.ops if o.kind in ("dp", "zero"))
+            link = f"the network ({hw.inter_bw / GB:.0f} GB/s)" if spans else f"NVLink ({hw.intra_bw / GB:.0f} GB/s)"
+            out.append(f"dp={p.dp} syncs {'ZeRO shards' if p.zero else 'gradients'} over {link}: "
+                       f"{by_kind.get('dp', 0.0) + by_kind.get('zero', 0.0):.3g} s per step; "
+                       f"{b.time.exposed_comm:.3g} s of all communication is exposed.")
+        if p.pp > 1:
+            out.append(f"pp={p.pp} costs a {b.time.bubble_fraction:.1%} pipeline bubble ({b.time.bubble:.3g} s) "
+                       f"with {b.training.accumulation(p.dp)} micro-batches per step.")
+        base = self.baseline()
+        if base is not None and (base.parallel, base.training) != (p, b.training):
+            out.append(_faster(b, base, "plain data parallelism") if base.fits else
+                       f"Plain data parallelism ({label(base)}) would need {_gb(base.memory.total)} > {_gb(hbm)} HBM.")
+        return out
+
+
+def _changed(b: Estimate, n: Estimate) -> tuple[str, str]:
+    """(what best[0] has, what the neighbour has instead), in words."""
+    p, q = b.parallel, n.parallel
+    if p.zero != q.zero:
+        return f"ZeRO-{p.zero}", f"ZeRO-{q.zero}"
+    if p.recompute != q.recompute:
+        return f"{p.recompute.capitalize()} recomputation", f"recompute={q.recompute}"
+    if p.offload != q.offload:
+        return f"Offload to {p.offload}", f"offload={q.offload}"
+    return "Sequence parallelism", "no sequence parallelism"
+
+
+def _try(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> Estimate | None:
+    try:
+        return estimate(m, tr, par, hw)
+    except ValueError:      # e.g. the global batch does not divide by micro-batch x dp
+        return None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _splits(m: ModelShape, gpus: int, max_tp: int) -> list[tuple[int, int, int]]:
+    """(dp, tp, pp) with dp·tp·pp = gpus, tp | heads, tp | kv heads, tp <= max_tp, pp | layers."""
+    out = []
+    for tp in _divisors(gpus):
+        if tp > max_tp or m.heads % tp or m.kv % tp:
+            continue
+        for pp in _divisors(gpus // tp):
+            if m.layers % pp == 0:
+                out.append((gpus // (tp * pp), tp, pp))
+    return out
+
+
+def _configurations(m: ModelShape, tr: Training, hw: Hardware, gpus: int, space: Space):
+    """Every (Training, Parallel) the search evaluates, simplest split first (see the module doc).
+    The micro-batch is the innermost loop: it lives in `Training`, so each `Parallel` is built once."""
+    trainings = [(mb, dataclasses.replace(tr, micro_batch=mb)) for mb in space.micro_batches]
+    for dp, tp, pp in _splits(m, gpus, space.max_tp or hw.gpus_per_node):
+        runs = [t for mb, t in trainings if t.global_batch % (mb * dp) == 0]
+        if not runs:
+            continue
+        sps = space.sequence_parallel if tp > 1 else (False,)
+        schedules = space.schedules if pp > 1 else space.schedules[:1]
+        for zero in space.zero:
+            for offload in space.offload if zero else ("none",) if "none" in space.offload else ():
+                for recompute in space.recompute:
+                    for sp in sps:
+                        for schedule in schedules:
+                            par = Parallel(dp=dp, tp=tp, pp=pp, zero=zero, offload=offload,
+                                           sequence_parallel=sp, schedule=schedule, recompute=recompute)
+                            for t in runs:
+                                yield t, par
+
+
+def _evaluate(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> tuple[Memory, StepTime | None]:
+    """The fast path: `estimate`'s memory, and its step time only when the memory fits."""
+    mem = memory(m, tr, par)
+    if mem.total > hw.hbm_bytes:
+        return mem, None
+    return mem, step_time(m, tr, par, hw, comm_ops(m, tr, par, hw))
+
+
+def search(model: ModelShape, training: Training, hardware: Hardware, gpus: int, *,
+           space: Space = Space(), top: int = 10) -> SearchResult:
+    """The `top` fastest configurations of `model` on `gpus` GPUs of `hardware` that fit in memory."""
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1, got {gpus}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    start = time.perf_counter()
+    batch = training.global_batch or gpus * min(space.micro_batches)
+    tr = dataclasses.replace(training, global_batch=batch)
+    ranked: list[tuple[float, int, Training, Parallel]] = []
+    evaluated, leanest = 0, None
+    for t, par in _configurations(model, tr, hardware, gpus, space):
+        mem, time_ = _evaluate(model, t, par, hardware)
+        evaluated += 1
+        if time_ is not None:
+            ranked.append((time_.step, evaluated, t, par))
+        elif leanest is None or mem.total < leanest[0]:
+            leanest = (mem.total, t, par)
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    best = [estimate(model, t, par, hardware) for _, _, t, par in ranked[:top]]
+    closest = estimate(model, leanest[1], leanest[2], hardware) if not ranked and leanest else None
+    return SearchResult(best=best, evaluated=evaluated, fitting=len(ranked), seconds=time.perf_counter() - start,
+                        gpus=gpus, global_batch=batch, space=space, closest=closest)
