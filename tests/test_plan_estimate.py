@@ -108,3 +108,17 @@ def test_bad_input_is_one_clear_line(make, message):
     with pytest.raises(ValueError, match=message) as err:
         make()
     assert "\n" not in str(err.value)
+
+
+def test_recommendation_follows_the_seed_flow():
+    from ringzero.plan.recommend import recommend
+    small = recommend(model("gpt2"), Training(), A100, 8)
+    assert small.parallel == Parallel(dp=8, recompute="selective") and small.steps[0][1] == "yes"
+    mid = recommend(model("llama-2-7b"), Training(), A100, 8)         # optimizer-dominated -> ZeRO
+    assert mid.parallel.zero == 1 and mid.parallel.dp == 8
+    big = recommend(model("llama-2-70b"), Training(), A100, 128)     # seed 004 Q15: 3D with ZeRO-1
+    assert big.parallel.tp == 8 and big.parallel.zero == 1 and big.parallel.gpus == 128
+    assert estimate(model("llama-2-70b"), Training(), big.parallel, A100).fits
+    assert [q for q, _, _ in big.steps][:2] == ["Does the model fit on one GPU?", "Is memory mostly optimizer states?"]
+    none = recommend(model("gpt3-175b"), Training(), A100, 2)
+    assert none.parallel is None and "nothing fits" in none.strategy

@@ -44,19 +44,30 @@ def _fits(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> tuple[boo
 
 
 def _three_d(m: ModelShape, tr: Training, hw: Hardware, gpus: int, base: dict) -> Parallel | None:
-    """TP first inside a node (the largest that divides the heads), then the fewest pipeline
-    stages that make ZeRO-1 fit; DP takes the remaining GPUs."""
-    tps = [t for t in range(min(hw.gpus_per_node, gpus), 0, -1)
+    """The least model parallelism that makes ZeRO-1 fit: tensor parallel inside a node first
+    (seed 004 §6.4: TP on NVLink), then pipeline stages; DP takes the remaining GPUs."""
+    tps = [t for t in range(1, min(hw.gpus_per_node, gpus) + 1)
            if m.heads % t == 0 and m.kv % t == 0 and gpus % t == 0]
-    for tp in tps[:1]:
-        for pp in range(1, m.layers + 1):
-            if m.layers % pp or gpus % (tp * pp):
-                continue
-            par = Parallel(dp=gpus // (tp * pp), tp=tp, pp=pp, zero=1 if gpus // (tp * pp) > 1 else 0,
-                           sequence_parallel=tp > 1, **base)
-            if _fits(m, tr, par, hw)[0]:
-                return par
+    pps = [p for p in range(1, m.layers + 1) if m.layers % p == 0 and gpus % p == 0]
+    grid = sorted(((tp, pp) for tp in tps for pp in pps if gpus % (tp * pp) == 0 and tp * pp > 1),
+                  key=lambda c: (c[0] * c[1], c[1]))
+    for tp, pp in grid:
+        dp = gpus // (tp * pp)
+        par = Parallel(dp=dp, tp=tp, pp=pp, zero=1 if dp > 1 else 0, sequence_parallel=tp > 1, **base)
+        if _fits(m, tr, par, hw)[0]:
+            return par
     return None
+
+
+def _layout(par: Parallel) -> str:
+    parts = []
+    if par.tp > 1:
+        parts.append(f"tp={par.tp} inside a node on NVLink")
+    if par.pp > 1:
+        parts.append(f"pp={par.pp} stages of adjacent layers")
+    if par.dp > 1:
+        parts.append(f"dp={par.dp} replicas" + (f" with ZeRO-{par.zero}" if par.zero else ""))
+    return ", ".join(parts)
 
 
 def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute: str = "selective",
@@ -104,7 +115,7 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
         steps.append(("Is there a 3D layout that fits?", "no",
                       f"not with tensor parallel <= {hw.gpus_per_node} and ZeRO-1 on {gpus} GPUs"))
         return Recommendation(steps, f"nothing fits on {gpus} GPUs: add GPUs, recompute, or offload", None)
-    steps.append(("Is the model very large (3D parallelism)?", "yes",
-                  f"tp={par.tp} inside a node on NVLink, pp={par.pp} across adjacent layers, "
-                  f"dp={par.dp} between nodes with ZeRO-{par.zero}: {_gb(memory(m, tr, par).total)} per GPU"))
-    return Recommendation(steps, f"3D: tp={par.tp} x pp={par.pp} x dp={par.dp}, ZeRO-{par.zero}", par)
+    steps.append(("Is model parallelism needed (seed 004 §6.4)?", "yes",
+                  f"{_layout(par)}: {_gb(memory(m, tr, par).total)} per GPU"))
+    return Recommendation(steps, f"tp={par.tp} x pp={par.pp} x dp={par.dp}"
+                          + (f", ZeRO-{par.zero}" if par.zero else ""), par)

@@ -155,7 +155,7 @@ def step_time(m: ModelShape, tr: Training, par: Parallel, hw: Hardware,
 @lru_cache(maxsize=65536)
 def _comm_seconds(ops: tuple[CommOp, ...], hw: Hardware) -> tuple[dict[str, float], float, float, float, int]:
     """`step_time`'s sums over `ops`: seconds by kind; seconds that nothing hides, launched during
-    forward and during backward; bytes of the DP gradient buffer (cached: a search repeats the same
+    forward and during backward; bytes of the gradient buffer (cached: a search repeats the same
     collectives for every recomputation and schedule)."""
     timed = [(o, op_seconds(o, hw)) for o in ops]
     by_kind: dict[str, float] = {}
@@ -164,7 +164,9 @@ def _comm_seconds(ops: tuple[CommOp, ...], hw: Hardware) -> tuple[dict[str, floa
     return (by_kind, sum(t for o, t in timed if o.overlap == "none"),
             sum(t for o, t in timed if o.overlap == "forward"),
             sum(t for o, t in timed if o.overlap == "backward"),
-            sum(o.count * o.itemsize for o in ops if o.kind == "dp"))
+            # the gradient buffer the buckets cut: DP's all-reduce or ZeRO's reduce-scatter
+            sum(o.count * o.itemsize for o in ops
+                if o.kind in ("dp", "zero") and o.collective in ("all_reduce", "reduce_scatter")))
 
 
 def transfer_seconds(nbytes: float, bandwidth: float, alpha: float = 0.0) -> float:

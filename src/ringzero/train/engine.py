@@ -25,6 +25,7 @@ from ..parallel.zero import apply_sharding
 from .config import TrainConfig
 from .data import ByteData, load_bytes
 from .model import GPT, AttentionCore
+from .probe import probe
 
 MEASURE_STEP = 1
 """The step whose traffic and saved activations are measured (step 0 warms up)."""
@@ -45,6 +46,7 @@ class RankResult:
     skipped: int = 0
     params: dict[str, list[float]] | None = None
     buckets: list[tuple[int, bool]] = field(default_factory=list)
+    probe: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
@@ -148,6 +150,7 @@ class Trainer:
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
         res.skipped = self.scaler.skipped
         res.buckets = self.sharded.bucket_layout()
+        res.probe = probe(c.shape, c.micro_batch, dtype(c.precision), c.attention, c.dropout, self.topo.group)
         if keep_params:
             res.params = self.full_params()
         self.sharded.close()

@@ -66,38 +66,64 @@ def _algorithm(cfg: TrainConfig, collective: str, n: int, nbytes: int) -> str:
     return select.choose(collective, n, nbytes, get_config().node_size(n)) if algo == "auto" else algo
 
 
-def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0) -> dict[str, int]:
-    """Bytes `rank` sends and receives in one step for `buckets`: (elements, is the ZeRO-3 root).
+def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, int, int]]:
+    """The collectives of one step: (collective, elements, itemsize, times) for `buckets` of
+    (elements, is the ZeRO-3 root).
 
     Per bucket: DP all-reduces once per step; ZeRO-1 reduce-scatters once and all-gathers once;
     ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 reduce-scatters every micro-batch and
     all-gathers a layer before its forward and again before its backward, the root (embeddings and
     final norm, used at both ends of the model) once per micro-batch. With sharded gradients the
-    optimizer all-reduces one fp32 number, the squared gradient norm. "auto" is resolved per call
-    exactly as `ringzero.comm` resolves it.
+    optimizer all-reduces one fp32 number, the squared gradient norm.
     """
     itemsize = 4 if cfg.precision == "fp32" else 2
     zero, n, micro = ZERO[cfg.strategy], world, cfg.grad_accum
     if n == 1:
-        return {"bytes_sent": 0, "bytes_recv": 0}
-    calls: list[tuple[str, int, int, int]] = []       # (collective, elements, itemsize, times)
+        return []
+    out: list[tuple[str, int, int, int]] = []
     for numel, root in buckets:
         padded = -(-numel // n) * n
         if zero == 0:
-            calls.append(("all_reduce", numel, itemsize, 1))
+            out.append(("all_reduce", numel, itemsize, 1))
         elif zero == 1:
-            calls += [("reduce_scatter", padded, itemsize, 1), ("all_gather", padded, itemsize, 1)]
+            out += [("reduce_scatter", padded, itemsize, 1), ("all_gather", padded, itemsize, 1)]
         elif zero == 2:
-            calls += [("reduce_scatter", padded, itemsize, micro), ("all_gather", padded, itemsize, 1)]
+            out += [("reduce_scatter", padded, itemsize, micro), ("all_gather", padded, itemsize, 1)]
         else:
-            calls += [("reduce_scatter", padded, itemsize, micro),
-                      ("all_gather", padded, itemsize, micro * (1 if root else 2))]
+            out += [("reduce_scatter", padded, itemsize, micro),
+                    ("all_gather", padded, itemsize, micro * (1 if root else 2))]
     if zero:
-        calls.append(("all_reduce", 1, 4, 1))
+        out.append(("all_reduce", 1, 4, 1))
+    return out
+
+
+def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0) -> dict[str, int]:
+    """Bytes `rank` sends and receives in one step ("auto" resolved exactly as `ringzero.comm` does)."""
     sent = recv = 0
-    for collective, count, size, times in calls:
-        algo = _algorithm(cfg, collective, n, count * size)
-        v = volume(call_for(collective, algo, n, count, size), rank)
+    for collective, count, size, times in calls(cfg, world, buckets):
+        algo = _algorithm(cfg, collective, world, count * size)
+        v = volume(call_for(collective, algo, world, count, size), rank)
         sent += times * v.bytes_sent
         recv += times * v.bytes_recv
     return {"bytes_sent": sent, "bytes_recv": recv}
+
+
+def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> float:
+    """Seconds of the step's collectives under this machine's calibrated α-β-γ model."""
+    from ..comm import select
+    from ..comm.config import get_config
+    total = 0.0
+    for collective, count, size, times in calls(cfg, world, buckets):
+        algo = _algorithm(cfg, collective, world, count * size)
+        rpn = get_config().node_size(world)
+        total += times * select.predicted(collective, world, count * size, rpn)[algo]
+    return total
+
+
+def optimizer_bytes(cfg: TrainConfig, world: int) -> float:
+    """Bytes the optimizer step streams through memory on one rank, counting every pass of
+    `ShardedAdam` over its shard in fp32: gradient scaling (8), its squared norm (12), decay (8),
+    m (12), v (8 + 16), the denominator (3 x 8) and the update (16): 112 bytes per parameter, plus
+    the 16-bit gradient read and weight write-back (6) in mixed precision."""
+    shard = param_count(cfg.shape).total / (world if ZERO[cfg.strategy] else 1)
+    return shard * (112 + (6 if cfg.precision != "fp32" else 0))

@@ -1,0 +1,52 @@
+"""What this machine's ranks can do at once, measured on every rank together (the ranks share the
+cores, so each sees its share). They calibrate the step-time prediction of `train.report`.
+
+- FLOP/s: one transformer block of the model's shape, forward and backward on one micro-batch,
+  timed; its FLOPs (6 per parameter per token plus the attention matmuls, 12·s·h per token) over
+  the time. Small and skinny matmuls, softmax, norms and autograd's own overhead all run well below
+  a large matmul's peak on a CPU, so a single big product would overestimate a small model's speed
+  by about 2x; the block probe measures the rate this model's layers actually reach.
+- Memory bandwidth: an in-place add over 16 MiB of fp32 (the element-wise operations and the
+  optimizer are memory-bound).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..plan.shapes import ModelShape
+
+
+def _seconds(fn, seconds: float) -> float:
+    fn()                                           # warm-up (allocations, kernel choice)
+    t0, reps = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds or reps < 2:
+        fn()
+        reps += 1
+    return (time.perf_counter() - t0) / reps
+
+
+def probe(m: ModelShape, b: int, dtype: torch.dtype, attention: str = "eager", dropout: float = 0.0,
+          group=None, seconds: float = 0.3) -> dict:
+    """{"flops": FLOP/s one block of shape `m` reaches in forward + backward on a micro-batch of
+    `b`, "bandwidth": bytes/s} on this rank while every rank of `group` probes too."""
+    from .model import Block
+    if dist.is_initialized():
+        dist.barrier(group)
+    torch.manual_seed(0)
+    block = Block(m, attention, dropout).to(dtype)
+    x = torch.randn(b, m.seq, m.hidden).to(dtype).requires_grad_()
+
+    def step():
+        block(x).sum().backward()
+
+    per_layer = sum(p.numel() for p in block.parameters())
+    tokens = b * m.seq
+    work = (6.0 * per_layer + 12.0 * m.seq * m.hidden) * tokens
+    flops = work / _seconds(step, seconds)
+    x, y = torch.zeros(4 * 2**20), torch.ones(4 * 2**20)
+    bandwidth = 3.0 * x.numel() * 4 / _seconds(lambda: x.add_(y), seconds / 3)
+    return {"flops": flops, "bandwidth": bandwidth}
