@@ -170,9 +170,9 @@ class Trainer:
         return out
 
 
-def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False) -> RankResult:
-    """Run `cfg` on this rank of the current process group (or alone when there is none)."""
-    topo = Topology.data_parallel() if dist.is_initialized() else Topology(world=1, rank=0, dp=1)
+def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None) -> RankResult:
+    """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
+    topo = Topology.data_parallel(group) if dist.is_initialized() else Topology(world=1, rank=0, dp=1)
     if cfg.strategy == "single" and topo.world != 1:
         raise ValueError(f"strategy 'single' runs on one rank, not {topo.world}")
     return Trainer(cfg, topo).run(progress, keep_params)
