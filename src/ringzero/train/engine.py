@@ -125,7 +125,7 @@ class Trainer:
         self.model.train()
         return self._mean_over_ranks(sum(losses) / len(losses))
 
-    def run(self, progress=None, keep_params: bool = False) -> RankResult:
+    def run(self, progress=None, keep_params: bool = False, calibrate: bool = True) -> RankResult:
         c = self.cfg
         res = RankResult(rank=self.topo.rank)
         phases, totals = [], []
@@ -150,7 +150,8 @@ class Trainer:
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
         res.skipped = self.scaler.skipped
         res.buckets = self.sharded.bucket_layout()
-        res.probe = probe(c.shape, c.micro_batch, dtype(c.precision), c.attention, c.dropout, self.topo.group)
+        if calibrate:   # the probe that calibrates the step-time prediction
+            res.probe = probe(c.shape, c.micro_batch, dtype(c.precision), c.attention, c.dropout, self.topo.group)
         if keep_params:
             res.params = self.full_params()
         self.sharded.close()
@@ -170,9 +171,10 @@ class Trainer:
         return out
 
 
-def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None) -> RankResult:
+def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,
+               calibrate: bool = True) -> RankResult:
     """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
     topo = Topology.data_parallel(group) if dist.is_initialized() else Topology(world=1, rank=0, dp=1)
     if cfg.strategy == "single" and topo.world != 1:
         raise ValueError(f"strategy 'single' runs on one rank, not {topo.world}")
-    return Trainer(cfg, topo).run(progress, keep_params)
+    return Trainer(cfg, topo).run(progress, keep_params, calibrate)
