@@ -1,5 +1,28 @@
-"""Pure formulas (no torch import): chunking, communication volume per algorithm, α-β-γ cost.
+"""Pure formulas (no torch import): the single home of every number ringzero predicts.
 
-Everything else in ringzero (the collectives, the traffic-meter tests, the cost model that picks
-an algorithm) calls these functions instead of re-deriving them.
+Model shapes and parameter counts, FLOPs, memory per GPU (ZeRO, offload, TP/PP, activations),
+bytes on the wire per algorithm and per strategy, α-β time, the whole-plan estimate, seed 004's
+recommendation and the configuration search. Everything else in ringzero (the collectives' cost
+model, the engine's predicted-vs-measured report, the tests) calls these functions instead of
+re-deriving them.
+
+    from ringzero.plan import Training, Parallel, estimate, model, hardware
+    e = estimate(model("llama-2-7b"), Training(), Parallel(dp=8, zero=3), hardware("a100-80gb"))
+
+The names below are functions; the submodules of the same name stay importable
+(`from ringzero.plan.memory import state_bytes`).
 """
+
+from .config import Parallel, Training
+from .estimate import Estimate, estimate, to_dict
+from .hardware import HARDWARE, Hardware, hardware
+from .memory import Memory, memory
+from .presets import MODELS, model
+from .recommend import Recommendation, recommend
+from .search import SearchResult, Space, search
+from .shapes import ModelShape, ParamCount, approx_params, param_count
+from .step_time import StepTime, step_time
+
+__all__ = ["Parallel", "Training", "Estimate", "estimate", "to_dict", "HARDWARE", "Hardware", "hardware",
+           "Memory", "memory", "MODELS", "model", "Recommendation", "recommend", "SearchResult", "Space",
+           "search", "ModelShape", "ParamCount", "approx_params", "param_count", "StepTime", "step_time"]
