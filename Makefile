@@ -12,15 +12,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# The main job: train ringzero's GPT with ZeRO-2 and selective recomputation on 4 local ranks
+# (about two minutes here), then the planner's view of a real model.
 run: $(STAMP)
-	$(VENV)/bin/ringzero bench comm --nproc 4 --collective all_reduce --sizes 64KiB,1MiB,4MiB,16MiB --compare
-	$(VENV)/bin/ringzero explain all-reduce --algorithm ring --world 4
+	$(VENV)/bin/ringzero train --nproc 4 --strategy zero2 --recompute selective --steps 200
+	$(VENV)/bin/ringzero plan --model llama-2-7b --gpus 8 --gpu a100-80gb --zero 3 --recompute selective --flash-attention
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_comm.py
+	$(PY) benchmarks/bench_plan.py
+	$(PY) benchmarks/bench_train.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -28,7 +28,8 @@ from .model import GPT, AttentionCore
 from .probe import probe
 
 MEASURE_STEP = 1
-"""The step whose traffic and saved activations are measured (step 0 warms up)."""
+"""The step whose traffic and saved activations are measured (step 0 warms up; a one-step run
+measures step 0)."""
 
 
 @dataclass
@@ -61,6 +62,7 @@ class Trainer:
         self.opt = ShardedAdam(self.sharded, AdamConfig(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                                         weight_decay=cfg.weight_decay, clip=cfg.clip))
         self.scaler = LossScaler() if cfg.precision == "fp16" else NoScaler()
+        self.measure_step = min(MEASURE_STEP, cfg.steps - 1)
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
 
     def _micro_batches(self, step: int):
@@ -76,7 +78,7 @@ class Trainer:
         for k, (x, y) in enumerate(self._micro_batches(step)):
             sh.sync = k == c.grad_accum - 1
             t0 = time.perf_counter()
-            if step == MEASURE_STEP and k == 0:
+            if step == self.measure_step and k == 0:
                 with SavedBytes(self.model) as saved:
                     loss = self.model(x, y)
                 res.activations = saved.total
@@ -91,7 +93,7 @@ class Trainer:
             ph["backward"] += t2 - t1
             ph["comm"] += t3 - t2
             losses.append(loss.item())
-        if step == MEASURE_STEP:
+        if step == self.measure_step:
             res.held = {**sh.held_bytes(), "optimizer": self.opt.state_bytes()}
         t4 = time.perf_counter()
         out = self.opt.step(divisor=self.topo.dp * c.grad_accum, loss_scale=self.scaler.scale,
@@ -130,7 +132,7 @@ class Trainer:
         res = RankResult(rank=self.topo.rank)
         phases, totals = [], []
         for step in range(c.steps):
-            meter = comm.TrafficMeter() if step == MEASURE_STEP else None
+            meter = comm.TrafficMeter() if step == self.measure_step else None
             t0 = time.perf_counter()
             if meter:
                 with meter:
