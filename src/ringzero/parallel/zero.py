@@ -118,12 +118,17 @@ class Sharded:
 
     def _reduce(self, bi: int) -> None:
         b, flat = self.buckets[bi], self.grad_flats[bi]
+        solo = self.topology.dp == 1      # one rank: the sum is the gradient (and no process group is needed)
         if not self.stage.shard_optimizer:
-            comm.all_reduce(flat, op="sum", group=self.group, algorithm=self.config.algorithm_for("all_reduce"))
+            if not solo:
+                comm.all_reduce(flat, op="sum", group=self.group, algorithm=self.config.algorithm_for("all_reduce"))
             return
-        out = b.empty(shard=True)
-        comm.reduce_scatter_tensor(out, flat, op="sum", group=self.group,
-                                   algorithm=self.config.algorithm_for("reduce_scatter"))
+        if solo:
+            out = flat.clone()
+        else:
+            out = b.empty(shard=True)
+            comm.reduce_scatter_tensor(out, flat, op="sum", group=self.group,
+                                       algorithm=self.config.algorithm_for("reduce_scatter"))
         if self.grad_shards[bi] is None:
             self.grad_shards[bi] = out
         else:
@@ -161,7 +166,7 @@ class Sharded:
 
     def after_step(self) -> None:
         """ZeRO-1/2: all-gather the updated shards into every rank's full weights."""
-        if self.stage.shard_optimizer and not self.stage.shard_params:
+        if self.stage.shard_optimizer and not self.stage.shard_params and self.topology.dp > 1:
             algo = self.config.algorithm_for("all_gather")
             for b, f in zip(self.buckets, self.param_flats):
                 self.queue.submit(comm.all_gather_into_tensor, f, f[b.lo:b.hi].clone(),
@@ -169,6 +174,8 @@ class Sharded:
             self.queue.drain()
 
     def _gather(self, bi: int) -> torch.Tensor:
+        if self.topology.dp == 1:
+            return self.param_shards[bi].clone()
         full = self.buckets[bi].empty()
         comm.all_gather_into_tensor(full, self.param_shards[bi], group=self.group,
                                     algorithm=self.config.algorithm_for("all_gather"))
