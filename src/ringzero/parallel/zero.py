@@ -112,6 +112,8 @@ class Sharded:
             self._ready[bi] += 1
             if self._ready[bi] == len(b.params):
                 self._ready[bi] = 0
+                if self.stage.shard_params and bi != self.root:
+                    self._release(bi)          # its backward is done: free the gathered layer now
                 if self.sync or self.stage.reduces_every_micro_batch:
                     self.queue.submit(self._reduce, bi)
         return hook
@@ -135,8 +137,8 @@ class Sharded:
             self.grad_shards[bi].add_(out)
         if self.stage.shard_grads:
             self.grad_flats[bi] = None
-        if self.stage.shard_params:
-            self._release(bi)
+        if bi == self.root and self.stage.shard_params:
+            self._release(bi)                  # the root is used at both ends: kept until here
 
     def finish_backward(self) -> None:
         """Wait for this micro-batch's collectives (call after every backward)."""
@@ -154,8 +156,11 @@ class Sharded:
         return [g if g is not None else b.empty() for b, g in zip(self.buckets, self.grad_flats)]
 
     def zero_grad(self) -> None:
-        self.grad_shards = [None] * len(self.buckets)
-        self.grad_flats = [None] * len(self.buckets)
+        """Zero the gradient accumulators in place (DDP keeps its buckets too: no reallocation)."""
+        for bufs in (self.grad_flats, self.grad_shards):
+            for t in bufs:
+                if t is not None:
+                    t.zero_()
 
     # -- weights --------------------------------------------------------------------------------
     def param_shards_view(self) -> list[torch.Tensor]:

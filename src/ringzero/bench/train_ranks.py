@@ -1,0 +1,298 @@
+"""The rank side of `ringzero bench train`: every variant built on every rank, steps interleaved.
+
+All variants train the same GPT (`train.model.GPT`, same seed, so the same initial weights), on the
+same batches (`train.data.ByteData`, each rank its slice of the global batch), with the same AdamW
+hyper-parameters, learning-rate schedule and gradient clipping, in fp32, each on its own gloo
+process group:
+
+- ringzero `dp` / `zero3`: `train.engine.Trainer` (the engine `ringzero train` runs), one
+  `Trainer.step` per step.
+- DDP: `torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=...)` + `torch.optim.AdamW`
+  (default implementation: the per-tensor loop on CPU) + `clip_grad_norm_`.
+- FSDP2: `fully_shard` on every block, then on the root (reshard after forward: the blocks are
+  gathered again for backward, as ringzero's ZeRO-3 does), + AdamW on the DTensor shards.
+
+Steps are interleaved (step i of every variant, in an order rotated by i) and each starts after a
+barrier, so drift in the machine's load hits all variants alike; every rank times its own step and
+the parent takes the max over ranks. After the timed steps, one more step per variant measures
+model-state bytes (see `_Torch.transient` and `_Ringzero.transient` for what is counted).
+
+Recomputation runs on rank 0 alone (the others wait at a barrier): three copies of a GPT of the
+recomputation shape, recompute none / selective / full, interleaved the same way; `SavedBytes`
+counts the activation bytes of one more forward each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..parallel.recompute import SavedBytes, apply_recompute
+from ..parallel.topology import Topology
+from ..plan.shapes import ModelShape
+from ..train.config import TrainConfig
+from ..train.data import ByteData, load_bytes
+from ..train.engine import RankResult, Trainer
+from ..train.model import GPT, AttentionCore
+
+SUITES = {"dp": ("rz_dp", "ddp"), "zero3": ("rz_zero3", "fsdp2")}
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Job:
+    """What every rank runs (built and validated by `bench.train` before any rank starts)."""
+
+    cfg: TrainConfig
+    """Model, micro-batch, optimizer and bucket settings of the dp/zero3 comparisons."""
+    suites: tuple[str, ...]
+    """"dp", "zero3", "recompute"."""
+    rc_shape: ModelShape
+    rc_batch: int
+    rc_steps: int
+
+
+def _nbytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+@contextlib.contextmanager
+def _sampling(fn):
+    """Sample `fn()` whenever autograd saves (forward) or unpacks (backward) a tensor: the moments
+    when a layer computes, so its weights are gathered. Yields a one-element list: the max seen."""
+    peak = [0]
+
+    def hook(t):
+        peak[0] = max(peak[0], fn())
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(hook, hook):
+        yield peak
+
+
+class _Ringzero:
+    def __init__(self, cfg: TrainConfig, group) -> None:
+        self.trainer = Trainer(cfg, Topology.data_parallel(group))
+        self.res = RankResult(rank=dist.get_rank())
+        self.sh = self.trainer.sharded
+
+    def step(self, i: int, measure: bool = False) -> tuple[float, dict]:
+        if not measure:
+            ph, loss = self.trainer.step(i, self.res)
+            return loss, ph
+        with _sampling(self.transient) as peak:
+            ph, loss = self.trainer.step(i, self.res)
+        self.peak = peak[0]
+        return loss, ph
+
+    def transient(self) -> int:
+        """Full-size buffers alive now: gathered layers, layers being gathered, unreduced gradients."""
+        sh = self.sh
+        n = _nbytes(sh.param_flats) if sh.stage.shard_params else 0
+        n += sum(sh.buckets[bi].padded * sh.buckets[bi].params[0].element_size() for bi in sh._gathering)
+        return n + (_nbytes(sh.grad_flats) if sh.stage.shard_grads else 0)
+
+    def states(self) -> dict:
+        """`Sharded.held_bytes()` (taken by the engine after backward, before the update) and
+        `ShardedAdam.state_bytes()`."""
+        return {**self.res.held, "transient_peak": self.peak}
+
+    def close(self) -> None:
+        self.sh.close()
+
+
+class _Torch:
+    def __init__(self, kind: str, cfg: TrainConfig, group, data: ByteData) -> None:
+        self.kind, self.cfg, self.data, self.group = kind, cfg, data, group
+        torch.manual_seed(cfg.seed)
+        model = GPT(cfg.shape, attention=cfg.attention)
+        if kind == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+            self.model = DistributedDataParallel(model, process_group=group, bucket_cap_mb=cfg.bucket_mb)
+        else:
+            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = DeviceMesh.from_group(group, "cpu")
+            for block in model.blocks:
+                fully_shard(block, mesh=mesh)
+            self.model = fully_shard(model, mesh=mesh)
+            self.units = [model, *model.blocks]
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay)
+        self.dp, self.rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def step(self, i: int, measure: bool = False) -> tuple[float, dict]:
+        c = self.cfg
+        x, y = self.data.batch("train", i, c.global_batch(self.dp), self.rank, self.dp)
+        for g in self.opt.param_groups:
+            g["lr"] = c.lr_at(i)
+        with _sampling(self.transient) if measure else contextlib.nullcontext() as peak:
+            t0 = time.perf_counter()
+            loss = self.model(x, y)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+        if measure:
+            self.peak, self.held = peak[0], self._held()
+        if c.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        value = loss.item()
+        t3 = time.perf_counter()
+        return value, {"forward": t1 - t0, "backward": t2 - t1, "comm": 0.0, "optimizer": t3 - t2}
+
+    def _params(self):
+        return [fp for m in self.units for fp in m._get_fsdp_state()._fsdp_param_group.fsdp_params]
+
+    def transient(self) -> int:
+        """FSDP2: the all-gather outputs (unsharded weights) not freed yet, a prefetched layer's flat
+        all-gather buffer, unsharded gradients not reduce-scattered yet and the reduce-scatter
+        inputs FSDP2 keeps. Distinct storages, by size (a freed output has storage of size 0)."""
+        if self.kind != "fsdp2":
+            return 0
+        seen: dict[int, int] = {}
+
+        def add(t):
+            if t is not None and t.untyped_storage().nbytes():
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        for m in self.units:
+            pg = m._get_fsdp_state()._fsdp_param_group
+            if pg._all_gather_result is not None:
+                add(pg._all_gather_result.all_gather_output)
+            for fp in pg.fsdp_params:
+                for t in fp.all_gather_outputs:
+                    add(t)
+                p = getattr(fp, "_unsharded_param", None)
+                add(p.grad if p is not None else None)
+                add(getattr(fp, "unsharded_accumulated_grad", None))
+            for st in pg.comm_ctx.reduce_scatter_states:
+                add(st.reduce_scatter_input)
+        return sum(seen.values())
+
+    def _held(self) -> dict:
+        """Per rank, after backward: weights (FSDP2: the padded local shards), gradients and
+        AdamW's state (exp_avg, exp_avg_sq, step)."""
+        def local(t):
+            return t.to_local() if hasattr(t, "to_local") else t
+        if self.kind == "fsdp2":
+            params = sum(fp._sharded_param_data.numel() * fp._sharded_param_data.element_size()
+                         for fp in self._params())
+        else:
+            params = _nbytes(self.model.parameters())
+        grads = _nbytes(local(p.grad) for p in self.model.parameters() if p.grad is not None)
+        opt = _nbytes(local(t) for s in self.opt.state.values() for t in s.values() if torch.is_tensor(t))
+        return {"params": params, "grads": grads, "optimizer": opt}
+
+    def states(self) -> dict:
+        return {**self.held, "transient_peak": self.peak}
+
+    def close(self) -> None:
+        pass
+
+
+def _build(name: str, cfg: TrainConfig, group, data: ByteData):
+    if name.startswith("rz_"):
+        return _Ringzero(dataclasses.replace(cfg, strategy=name[3:]), group)
+    return _Torch(name, cfg, group, data)
+
+
+def _interleaved(variants: dict, steps: int, barrier) -> dict:
+    """{name: {"times": [s...], "losses": [...], "phases": [{...}]}}; step i of every variant
+    in an order rotated by i, each after a barrier."""
+    names = list(variants)
+    out = {n: {"times": [], "losses": [], "phases": []} for n in names}
+    for i in range(steps):
+        k = i % len(names)
+        for n in names[k:] + names[:k]:
+            barrier()
+            t0 = time.perf_counter()
+            loss, ph = variants[n].step(i)
+            out[n]["times"].append(time.perf_counter() - t0)
+            out[n]["losses"].append(loss)
+            out[n]["phases"].append(ph)
+    return out
+
+
+def _training(job: Job) -> dict:
+    cfg = job.cfg
+    data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
+    out: dict = {}
+    for suite in ("dp", "zero3"):
+        if suite not in job.suites:
+            continue
+        variants, errors = {}, {}
+        for name in SUITES[suite]:
+            group = dist.new_group(backend="gloo")
+            try:
+                variants[name] = _build(name, cfg, group, data)
+            except Exception as exc:       # e.g. FSDP2 unsupported here: reported, never faked
+                errors[name] = f"{type(exc).__name__}: {exc}"
+        if errors:
+            for v in variants.values():
+                v.close()
+            out[suite] = {"errors": errors}
+            continue
+        res = _interleaved(variants, cfg.steps, dist.barrier)
+        for name, v in variants.items():   # the measuring step, after the timed ones
+            dist.barrier()
+            v.step(cfg.steps, measure=True)
+            res[name]["states"] = v.states()
+            v.close()
+        out[suite] = res
+    return out
+
+
+def _recompute(job: Job) -> dict:
+    shape, b = job.rc_shape, job.rc_batch
+    data = ByteData(load_bytes(job.cfg.data, job.cfg.max_bytes), shape.seq, seed=job.cfg.seed)
+    variants = {}
+    for mode in RECOMPUTE_MODES:
+        torch.manual_seed(job.cfg.seed)
+        model = apply_recompute(GPT(shape), mode, (AttentionCore,))
+        variants[mode] = _Single(model, data, b, job.cfg.lr)
+    res = _interleaved(variants, job.rc_steps, lambda: None)
+    for mode, v in variants.items():
+        res[mode]["activations"] = v.saved_bytes(job.rc_steps)
+    return res
+
+
+class _Single:
+    """One rank, no communication: forward, backward, AdamW."""
+
+    def __init__(self, model, data: ByteData, batch: int, lr: float) -> None:
+        self.model, self.data, self.batch = model, data, batch
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr)
+
+    def step(self, i: int) -> tuple[float, dict]:
+        x, y = self.data.batch("train", i, self.batch)
+        t0 = time.perf_counter()
+        loss = self.model(x, y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.item(), {"forward": t1 - t0, "backward": t2 - t1, "optimizer": time.perf_counter() - t2}
+
+    def saved_bytes(self, i: int) -> int:
+        x, y = self.data.batch("train", i, self.batch)
+        with SavedBytes(self.model) as saved:
+            loss = self.model(x, y)
+        loss.backward()
+        self.opt.zero_grad(set_to_none=True)
+        return saved.total
+
+
+def rank_main(job: Job) -> dict:
+    """Runs on every rank; returns this rank's measurements (plain data)."""
+    out = _training(job)
+    if "recompute" in job.suites:
+        if dist.get_rank() == 0:
+            out["recompute"] = _recompute(job)
+        dist.barrier()
+    return out

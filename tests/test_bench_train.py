@@ -1,0 +1,37 @@
+"""`ringzero bench train`: one tiny real run through the CLI (every suite), and argument checks."""
+
+import json
+
+import pytest
+
+from ringzero import cli
+from ringzero.bench import train as bench
+
+TINY = ["--model", "nano", "--seq", "16", "--micro-batch", "1", "--steps", "2", "--skip", "1",
+        "--rc-layers", "1", "--rc-hidden", "16", "--rc-heads", "2", "--rc-seq", "32", "--rc-batch", "1",
+        "--rc-steps", "2"]
+
+
+@pytest.mark.timeout(120)
+def test_tiny_run_writes_every_ratio(tmp_path, capsys):
+    out = tmp_path / "bench_train.json"
+    assert cli.main(["bench", "train", "--nproc", "2", *TINY, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["ratios"]) == set(bench.TARGETS)
+    assert all(r["value"] > -1 for r in result["targets"])
+    for suite in ("dp", "zero3"):       # same model, data and optimizer: the losses agree
+        assert result[suite]["max_loss_diff"] < 1e-3
+    modes = result["recompute"]["modes"]
+    assert modes["full"]["activations"] < modes["selective"]["activations"] < modes["none"]["activations"]
+    assert "targets (issue 4)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--suites", "dp,tp"], "--suites"),
+    (["--nproc", "1", "--suites", "dp"], "--nproc"),
+    (["--steps", "1"], "--steps"),
+    (["--rc-hidden", "30", "--rc-heads", "4"], "divisible"),
+])
+def test_bad_arguments_exit_2(argv, message, capsys):
+    assert cli.main(["bench", "train", *argv]) == 2
+    assert message in capsys.readouterr().err
