@@ -82,7 +82,9 @@ class ShardedAdam:
         if not math.isfinite(norm):
             return {"grad_norm": norm, "skipped": True}
         clip = self.config.clip
-        coef = clip / (norm + 1e-6) if clip is not None and norm > clip else None
+        coef = clip / (norm + 1e-6) if clip is not None else None
+        if coef is not None and coef >= 1.0:       # torch's rule: scale only when it shrinks
+            coef = None
         self.t += 1
         self._adam(grads, d if self.mixed else None, coef)
         return {"grad_norm": norm, "skipped": False}

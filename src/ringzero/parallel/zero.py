@@ -58,6 +58,7 @@ class Sharded:
         self.grad_flats: list[torch.Tensor | None] = [None] * len(self.buckets)
         self.grad_shards: list[torch.Tensor | None] = [None] * len(self.buckets)
         self._ready = [0] * len(self.buckets)
+        self._got: set[tuple[int, int]] = set()    # (bucket, slot) that received a gradient
         self._gathering: dict[int, object] = {}
         for bi, b in enumerate(self.buckets):
             for i, p in enumerate(b.params):
@@ -109,6 +110,7 @@ class Sharded:
                 self.grad_flats[bi] = b.empty()
             b.slot(i, self.grad_flats[bi]).add_(p.grad.reshape(-1))
             p.grad = None
+            self._got.add((bi, i))
             self._ready[bi] += 1
             if self._ready[bi] == len(b.params):
                 self._ready[bi] = 0
@@ -143,11 +145,14 @@ class Sharded:
     def finish_backward(self) -> None:
         """Wait for this micro-batch's collectives (call after every backward)."""
         self.queue.drain()
-        missing = [bi for bi, n in enumerate(self._ready) if n]
-        if missing:
-            names = [tuple(p.shape) for bi in missing for p in self.buckets[bi].params][:4]
-            raise RuntimeError(f"some parameters got no gradient in this backward (shapes {names}); "
-                               "every parameter must take part in the loss")
+        got, self._got = self._got, set()
+        self._ready = [0] * len(self.buckets)
+        if got and len(got) < sum(len(b.params) for b in self.buckets):
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            missing = [names.get(id(p), str(tuple(p.shape))) for bi, b in enumerate(self.buckets)
+                       for i, p in enumerate(b.params) if (bi, i) not in got]
+            raise RuntimeError(f"parameters got no gradient in this backward: {', '.join(missing[:6])}"
+                               f"{' ...' if len(missing) > 6 else ''}; every parameter must take part in the loss")
 
     def reduced_grads(self) -> list[torch.Tensor]:
         """This rank's summed gradient for each bucket's shard (the whole bucket under DP)."""
@@ -208,6 +213,14 @@ class Sharded:
         prefetch = self.config.prefetch
 
         def root_pre(module, args):
+            # A new forward: nothing may be gathered or in flight from before (a forward that
+            # raised midway, a layer that did not run): drop it, so no stale weights are used.
+            for fut in self._gathering.values():
+                fut.result()
+            self._gathering.clear()
+            for bi, flat in enumerate(self.param_flats):
+                if flat is not None:
+                    self._release(bi)
             if self.root is not None:
                 self._ensure(self.root)
             if order and prefetch:

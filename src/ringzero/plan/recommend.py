@@ -111,6 +111,12 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
                   f"{_gb(layer_bytes)} of model states per layer -> "
                   + ("pipeline parallel can split by layers" if one_layer else "tensor parallel must split layers")))
     par = _three_d(m, tr, hw, gpus, base)
+    zero3 = Parallel(dp=gpus, zero=3, **base)
+    if par is None and dominated and _fits(m, tr, zero3, hw)[0]:
+        steps.append(("Is there a tensor x pipeline layout that fits?", "no",
+                      f"no tp <= {hw.gpus_per_node} dividing the heads and pp dividing the layers fits; "
+                      "ZeRO-3 does"))
+        return Recommendation(steps, f"ZeRO-3 over {gpus} GPUs", zero3)
     if par is None:
         steps.append(("Is there a 3D layout that fits?", "no",
                       f"not with tensor parallel <= {hw.gpus_per_node} and ZeRO-1 on {gpus} GPUs"))

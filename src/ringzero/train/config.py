@@ -71,13 +71,21 @@ class TrainConfig:
             bad("lr must be > 0, warmup and weight_decay >= 0")
         if self.clip is not None and not self.clip > 0:
             bad(f"clip must be > 0, got {self.clip}")
+        if not self.bucket_mb > 0:
+            bad(f"bucket_mb must be > 0, got {self.bucket_mb}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            bad(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if not self.eps > 0:
+            bad(f"eps must be > 0, got {self.eps}")
+        if self.seq is not None and self.seq < 1:
+            bad(f"seq must be >= 1, got {self.seq}")
         registry.check_name("all_reduce", self.comm_algorithm)
         check_shape(self.shape)
 
     @property
     def shape(self) -> ModelShape:
         m = preset(self.model)
-        return dataclasses.replace(m, seq=self.seq) if self.seq else m
+        return dataclasses.replace(m, seq=self.seq) if self.seq is not None else m
 
     def global_batch(self, dp: int) -> int:
         return self.micro_batch * self.grad_accum * dp
@@ -89,6 +97,26 @@ class TrainConfig:
             return self.lr * (step + 1) / self.warmup
         progress = (step - self.warmup) / max(1, self.steps - self.warmup)
         return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _number(d: dict, key: str, kind: type, name: str | None = None):
+    """d[key] as `kind`, or one clear line saying what is wrong (bools and fractions of ints refused)."""
+    v = d[key]
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer())
+    if not ok:
+        raise ValueError(f"{name or key} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+    return kind(v)
+
+
+def _section(d: dict, key: str, allowed: set[str], name: str | None = None) -> dict:
+    """d[key] as a JSON object with only `allowed` keys (missing: empty)."""
+    v = d.get(key, {})
+    if not isinstance(v, dict):
+        raise ValueError(f"{name or key} must be a JSON object, got {v!r}")
+    extra = sorted(set(v) - allowed)
+    if extra:
+        raise ValueError(f"unsupported {name or key} keys {extra}; supported: {', '.join(sorted(allowed))}")
+    return v
 
 
 # DeepSpeed key -> what it sets (ringzero accepts these and rejects the rest by name).
@@ -105,40 +133,41 @@ def from_deepspeed(path: str, world: int, **overrides) -> TrainConfig:
         raise ValueError(f"config file {path!r} does not exist") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"config file {path!r} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    if not isinstance(ds, dict):
+        raise ValueError(f"config file {path!r} must hold a JSON object, got {type(ds).__name__}")
     unknown = sorted(set(ds) - set(DEEPSPEED_KEYS))
     if unknown:
         raise ValueError(f"unsupported DeepSpeed config keys {unknown}; supported: {', '.join(DEEPSPEED_KEYS)}")
     kw: dict = {}
     if "train_micro_batch_size_per_gpu" in ds:
-        kw["micro_batch"] = int(ds["train_micro_batch_size_per_gpu"])
+        kw["micro_batch"] = _number(ds, "train_micro_batch_size_per_gpu", int)
     if "gradient_accumulation_steps" in ds:
-        kw["grad_accum"] = int(ds["gradient_accumulation_steps"])
+        kw["grad_accum"] = _number(ds, "gradient_accumulation_steps", int)
     if "gradient_clipping" in ds:
-        kw["clip"] = float(ds["gradient_clipping"]) or None
-    zero = ds.get("zero_optimization", {})
-    extra = sorted(set(zero) - {"stage"})
-    if extra:
-        raise ValueError(f"unsupported zero_optimization keys {extra}; supported: stage")
+        kw["clip"] = _number(ds, "gradient_clipping", float) or None
+    zero = _section(ds, "zero_optimization", {"stage"})
     if "stage" in zero:
-        stage = int(zero["stage"])
+        stage = _number(zero, "stage", int, "zero_optimization.stage")
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_optimization.stage={stage}; allowed: 0, 1, 2, 3")
         kw["strategy"] = "dp" if stage == 0 else f"zero{stage}"
-    for name in ("fp16", "bf16"):
-        sub = ds.get(name, {})
-        if sorted(set(sub) - {"enabled"}):
-            raise ValueError(f"unsupported {name} keys {sorted(set(sub) - {'enabled'})}; supported: enabled")
-        if sub.get("enabled"):
-            kw["precision"] = name
-    opt = ds.get("optimizer")
+    enabled = [name for name in ("fp16", "bf16") if _section(ds, name, {"enabled"}).get("enabled")]
+    if len(enabled) == 2:
+        raise ValueError("fp16.enabled and bf16.enabled are both true; enable at most one")
+    if enabled:
+        kw["precision"] = enabled[0]
+    opt = _section(ds, "optimizer", {"type", "params"}) if "optimizer" in ds else None
     if opt is not None:
         if str(opt.get("type", "adam")).lower() not in ("adam", "adamw"):
             raise ValueError(f"optimizer.type={opt.get('type')!r}; allowed: Adam, AdamW")
-        params = opt.get("params", {})
-        if sorted(set(params) - {"lr", "betas", "eps", "weight_decay"}):
-            raise ValueError(f"unsupported optimizer.params {sorted(set(params) - {'lr', 'betas', 'eps', 'weight_decay'})}; "
-                             "supported: lr, betas, eps, weight_decay")
-        kw.update({k: (tuple(v) if k == "betas" else float(v)) for k, v in params.items()})
+        params = _section(opt, "params", {"lr", "betas", "eps", "weight_decay"}, "optimizer.params")
+        for k, v in params.items():
+            if k == "betas":
+                if not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, (int, float)) for x in v):
+                    raise ValueError(f"optimizer.params.betas must be a list of two numbers, got {v!r}")
+                kw[k] = tuple(float(x) for x in v)
+            else:
+                kw[k] = _number(params, k, float, f"optimizer.params.{k}")
     kw.update(overrides)
     cfg = TrainConfig(**kw)
     if "train_batch_size" in ds and ds["train_batch_size"] != cfg.global_batch(world):

@@ -1,0 +1,73 @@
+"""Bad training settings fail before any rank starts, in one line; engine guards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from ringzero.parallel.stages import DP, ShardingConfig
+from ringzero.parallel.topology import Topology
+from ringzero.parallel.zero import apply_sharding
+from ringzero.train.config import TrainConfig, from_deepspeed
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(bucket_mb=0), "bucket_mb must be > 0"),
+    (dict(betas=(0.9,)), "betas must be two numbers"),
+    (dict(betas=(1.5, 0.9)), "betas must be two numbers"),
+    (dict(eps=-1.0), "eps must be > 0"),
+    (dict(seq=0), "seq must be >= 1"),
+])
+def test_train_config_rejects(kw, message):
+    with pytest.raises(ValueError, match=message) as err:
+        TrainConfig(**kw)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("ds, message", [
+    ({"zero_optimization": 2}, "zero_optimization must be a JSON object"),
+    ({"fp16": True}, "fp16 must be a JSON object"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "both true"),
+    ({"optimizer": {"params": {"betas": [0.9]}}}, "betas must be a list of two numbers"),
+    ({"optimizer": {"params": {"betas": 0.9}}}, "betas must be a list of two numbers"),
+    ({"zero_optimization": {"stage": 1.5}}, "zero_optimization.stage must be an integer"),
+    ({"train_micro_batch_size_per_gpu": None}, "must be an integer"),
+    ([1, 2], "must hold a JSON object"),
+])
+def test_deepspeed_config_errors_are_one_line(tmp_path, ds, message):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(ds))
+    with pytest.raises(ValueError, match=message) as err:
+        from_deepspeed(str(path), world=2)
+    assert "\n" not in str(err.value)
+
+
+class _Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(4, 4)
+        self.idle = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.used(x).sum()
+
+
+def test_a_parameter_without_gradient_is_named_whatever_the_buckets():
+    for bucket_mb in (25.0, 1e-5):       # one bucket, or a bucket per tensor (all of it idle)
+        model = _Unused()
+        sh = apply_sharding(model, Topology(world=1, rank=0, dp=1), ShardingConfig(stage=DP, bucket_mb=bucket_mb))
+        model(torch.randn(2, 4)).backward()
+        with pytest.raises(RuntimeError, match="idle.weight"):
+            sh.finish_backward()
+        sh.close()
+
+
+def test_recommendation_falls_back_to_zero3_when_no_tp_pp_grid_fits():
+    from ringzero.plan import Training, hardware, recommend
+    from ringzero.plan.shapes import ModelShape
+    m = ModelShape(layers=41, hidden=8145, heads=45, vocab=32000, seq=2048)   # 41 layers, 45 heads: no grid
+    r = recommend(m, Training(), hardware("a100-80gb"), 16)
+    assert r.parallel is not None and r.parallel.zero == 3 and r.parallel.dp == 16
