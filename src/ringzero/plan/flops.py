@@ -40,6 +40,13 @@ def attention_flops_per_token(m: ModelShape) -> float:
     return 12.0 * m.layers * m.seq * m.hidden
 
 
+def layer_flops_per_token(m: ModelShape) -> float:
+    """One block's forward + backward FLOPs per token: 6 per parameter of the block plus its
+    attention matmuls (the per-layer share of `attention_flops_per_token`)."""
+    from .shapes import param_count
+    return 6.0 * param_count(m).per_layer + attention_flops_per_token(m) / m.layers
+
+
 def training_flops(n_params: int, tokens: float, recompute: str = "none", model: ModelShape | None = None) -> float:
     """Total FLOPs to train on `tokens` tokens (seed: 6 x 1.75e11 x 3e11 ≈ 3.14e23)."""
     return hardware_flops_per_token(n_params, recompute, model) * tokens

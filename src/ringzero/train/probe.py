@@ -17,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..plan import flops
 from ..plan.shapes import ModelShape
 
 
@@ -43,9 +44,7 @@ def probe(m: ModelShape, b: int, dtype: torch.dtype, attention: str = "eager", d
     def step():
         block(x).sum().backward()
 
-    per_layer = sum(p.numel() for p in block.parameters())
-    tokens = b * m.seq
-    work = (6.0 * per_layer + 12.0 * m.seq * m.hidden) * tokens
+    work = flops.layer_flops_per_token(m) * b * m.seq
     flops = work / _seconds(step, seconds)
     x, y = torch.zeros(4 * 2**20), torch.ones(4 * 2**20)
     bandwidth = 3.0 * x.numel() * 4 / _seconds(lambda: x.add_(y), seconds / 3)
