@@ -45,7 +45,7 @@ def probe(m: ModelShape, b: int, dtype: torch.dtype, attention: str = "eager", d
         block(x).sum().backward()
 
     work = flops.layer_flops_per_token(m) * b * m.seq
-    flops = work / _seconds(step, seconds)
+    rate = work / _seconds(step, seconds)
     x, y = torch.zeros(4 * 2**20), torch.ones(4 * 2**20)
     bandwidth = 3.0 * x.numel() * 4 / _seconds(lambda: x.add_(y), seconds / 3)
-    return {"flops": flops, "bandwidth": bandwidth}
+    return {"flops": rate, "bandwidth": bandwidth}
