@@ -17,8 +17,6 @@ once however many views of them are saved.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -106,14 +104,3 @@ def apply_recompute(model: nn.Module, mode: str, targets: tuple[type, ...] = ())
         raise ValueError("selective recomputation needs the attention-core module type(s) to wrap; "
                          f"none of {[t.__name__ for t in targets]} is in the model")
     return model
-
-
-@contextlib.contextmanager
-def no_meter():
-    """Suspend the activation meters (e.g. for an evaluation forward)."""
-    saved = list(_METERS)
-    _METERS.clear()
-    try:
-        yield
-    finally:
-        _METERS.extend(saved)

@@ -15,6 +15,7 @@ memory bandwidth.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..plan import flops
@@ -80,7 +81,6 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
 
 
 def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[Twin]) -> dict:
-    import dataclasses
     r0 = results[0]
     return {"schema": "ringzero.train-report/1", "config": dataclasses.asdict(cfg), "world": world,
             "losses": r0.losses, "val": [{"step": s, "loss": v} for s, v in r0.val],
