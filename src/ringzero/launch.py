@@ -22,6 +22,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from . import allocator
+
 DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -45,6 +47,7 @@ def init_process_group(rank: int, world: int, store, backend: str = "gloo",
 
 
 def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float) -> None:
+    allocator.tune()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(rank), str(world), str(rank)
     torch.set_num_threads(threads)
@@ -168,6 +171,7 @@ def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT
     Returns a list of per-rank results when spawning and a single result under torchrun.
     """
     if in_torchrun():
+        allocator.tune()
         if not dist.is_initialized():
             backend = "nccl" if torch.cuda.is_available() else "gloo"
             if backend == "nccl":

@@ -12,12 +12,14 @@ Issue 4's targets, each printed with its ratio and whether it is met:
   activations: full saves >= 80 % of the activation bytes at <= 35 % extra step time, selective
   saves >= 50 % at <= 5 %.
 
-Step time: every rank times its own step, the max over ranks is the step's time, and the median over
-the steps after `--skip` warm-up steps is reported. Variants are interleaved step by step (see
-`bench.train_ranks`), so the ratios hold on a loaded machine even when the absolute times do not.
-Model-state bytes per rank: sharded weights + gradients + optimizer state held after backward,
-plus the largest amount of full-size (gathered) weights and unreduced gradients alive at any moment
-a layer computes (sampled from autograd's saved-tensor hooks), max over ranks.
+The default recomputation shape (2 layers, h = 1536, 96 heads of 16, s = 384, batch 1) keeps the
+ratios that make selective recomputation pay at GPT-3 scale (Korthikanti et al. 2022 §4.2): the
+a·s² tensors are large against the rest (a·s/h = 24, here 60 % of a block's fp32 activations) while
+the attention core's FLOPs are small against the block's (s/6h = 4 %; GPT-3: a·s/h = 16, s/6h = 3 %).
+Recomputing the core costs memory traffic, not FLOPs (it writes the scores and reads and writes
+the softmax: ~3 s x s passes), so its share of the step falls as 1/h at a fixed a·s/h: +6 % at
+h = 768, +3 % at h = 1536 on this CPU. A narrow model with long sequences (h = 64, s = 512) has the
+memory but not the FLOP ratio: there the core is most of the compute and recomputing it costs +20 %.
 """
 
 from __future__ import annotations
@@ -58,10 +60,10 @@ def add_arguments(parser) -> None:
     a("--algorithm", default="auto", help="ringzero collective algorithm (default auto)")
     a("--suites", default=",".join(SUITE_NAMES), help="comma list of dp, zero3, recompute (default all)")
     a("--rc-layers", type=int, default=2, help="recompute shape: layers (default 2)")
-    a("--rc-hidden", type=int, default=64, help="recompute shape: hidden (default 64)")
-    a("--rc-heads", type=int, default=8, help="recompute shape: heads (default 8)")
-    a("--rc-seq", type=int, default=512, help="recompute shape: sequence length (default 512)")
-    a("--rc-batch", type=int, default=4, help="recompute: sequences per step (default 4)")
+    a("--rc-hidden", type=int, default=1536, help="recompute shape: hidden (default 1536)")
+    a("--rc-heads", type=int, default=96, help="recompute shape: heads (default 96, of 16)")
+    a("--rc-seq", type=int, default=384, help="recompute shape: sequence length (default 384)")
+    a("--rc-batch", type=int, default=1, help="recompute: sequences per step (default 1)")
     a("--rc-steps", type=int, default=12, help="recompute: steps per mode (default 12)")
     a("--json", metavar="FILE", help="also write the results as JSON to FILE")
     a("--timeout", type=float, default=1800.0, help="seconds before every rank is stopped")

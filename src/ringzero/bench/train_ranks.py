@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from dataclasses import dataclass
 
@@ -255,7 +256,14 @@ def _recompute(job: Job) -> dict:
         torch.manual_seed(job.cfg.seed)
         model = apply_recompute(GPT(shape), mode, (AttentionCore,))
         variants[mode] = _Single(model, data, b, job.cfg.lr)
-    res = _interleaved(variants, job.rc_steps, lambda: None)
+    # One rank measures while the others wait in a barrier: it gets every core, as a single
+    # training process would.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    try:
+        res = _interleaved(variants, job.rc_steps, lambda: None)
+    finally:
+        torch.set_num_threads(threads)
     for mode, v in variants.items():
         res[mode]["activations"] = v.saved_bytes(job.rc_steps)
     return res

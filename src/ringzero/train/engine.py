@@ -103,8 +103,8 @@ class Trainer:
         t6 = time.perf_counter()
         self.scaler.update(out["skipped"])
         sh.zero_grad()
-        ph["optimizer"] += t5 - t4
-        ph["comm"] += t6 - t5
+        ph["optimizer"] += t5 - t4 - out["comm_s"]
+        ph["comm"] += t6 - t5 + out["comm_s"]
         return ph, sum(losses) / len(losses)
 
     def _mean_over_ranks(self, value: float) -> float:

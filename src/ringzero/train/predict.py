@@ -120,10 +120,14 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) 
     return total
 
 
+def optimizer_shard(cfg: TrainConfig, world: int) -> float:
+    """Parameters in this rank's optimizer shard (the fused AdamW kernel runs over them once)."""
+    return param_count(cfg.shape).total / (world if ZERO[cfg.strategy] else 1)
+
+
 def optimizer_bytes(cfg: TrainConfig, world: int) -> float:
-    """Bytes the optimizer step streams through memory on one rank, counting every pass of
-    `ShardedAdam` over its shard in fp32: gradient scaling (8), its squared norm (12), decay (8),
-    m (12), v (8 + 16), the denominator (3 x 8) and the update (16): 112 bytes per parameter, plus
-    the 16-bit gradient read and weight write-back (6) in mixed precision."""
-    shard = param_count(cfg.shape).total / (world if ZERO[cfg.strategy] else 1)
-    return shard * (112 + (6 if cfg.precision != "fp32" else 0))
+    """Bytes the optimizer streams through memory on one rank outside the fused AdamW kernel.
+    fp32: averaging in place (8) and the squared norm (4): 12 per parameter. 16-bit: the norm
+    reads the 16-bit gradient (2), each chunk is upcast (2 + 4) and averaged (8) and the weight
+    written back (4 + 2): 22. Clipping that bites adds a scaling pass (8)."""
+    return optimizer_shard(cfg, world) * (12 if cfg.precision == "fp32" else 22)

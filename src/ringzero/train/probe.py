@@ -6,8 +6,11 @@ cores, so each sees its share). They calibrate the step-time prediction of `trai
   the time. Small and skinny matmuls, softmax, norms and autograd's own overhead all run well below
   a large matmul's peak on a CPU, so a single big product would overestimate a small model's speed
   by about 2x; the block probe measures the rate this model's layers actually reach.
-- Memory bandwidth: an in-place add over 16 MiB of fp32 (the element-wise operations and the
-  optimizer are memory-bound).
+- Memory bandwidth: an in-place add over 16 MiB of fp32 (the optimizer's element-wise passes
+  outside its kernel are memory-bound).
+- The AdamW kernel: seconds per parameter of torch's fused AdamW over 1 Mi fp32 parameters, the
+  call `ShardedAdam` makes per shard (it computes a square root and a division per element, so
+  it runs below the bandwidth an add reaches).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def _seconds(fn, seconds: float) -> float:
 def probe(m: ModelShape, b: int, dtype: torch.dtype, attention: str = "eager", dropout: float = 0.0,
           group=None, seconds: float = 0.3) -> dict:
     """{"flops": FLOP/s one block of shape `m` reaches in forward + backward on a micro-batch of
-    `b`, "bandwidth": bytes/s} on this rank while every rank of `group` probes too."""
+    `b`, "bandwidth": bytes/s, "adam_s_per_param": seconds} on this rank while every rank of
+    `group` probes too."""
     from .model import Block
     if dist.is_initialized():
         dist.barrier(group)
@@ -48,4 +52,11 @@ def probe(m: ModelShape, b: int, dtype: torch.dtype, attention: str = "eager", d
     rate = work / _seconds(step, seconds)
     x, y = torch.zeros(4 * 2**20), torch.ones(4 * 2**20)
     bandwidth = 3.0 * x.numel() * 4 / _seconds(lambda: x.add_(y), seconds / 3)
-    return {"flops": rate, "bandwidth": bandwidth}
+    w, g, m_, v = (torch.rand(2**20) for _ in range(4))
+    step_t = torch.tensor(1.0)
+
+    def adam():
+        torch._fused_adamw_([w], [g], [m_], [v], [], [step_t], lr=1e-3, beta1=0.9, beta2=0.999,
+                            weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+    adam_s = _seconds(adam, seconds / 3) / w.numel()
+    return {"flops": rate, "bandwidth": bandwidth, "adam_s_per_param": adam_s}

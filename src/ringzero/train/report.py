@@ -9,8 +9,9 @@ plus the attention matmuls, 12·L·s·h per token) at the FLOP/s a matmul probe 
 shapes reached on every rank at once (the ranks share this machine's cores); communication is the
 calibrated α-β-γ model (`ringzero bench comm --calibrate`, else its built-in defaults) summed over
 the step's collectives, counted as exposed (on a machine whose cores the ranks share, compute and
-communication hardly overlap); the optimizer is a memory-bound pass over the states at the probed
-memory bandwidth.
+communication hardly overlap); the optimizer is the fused AdamW kernel over this rank's shard at the
+probed seconds per parameter plus its memory-bound passes outside the kernel at the probed memory
+bandwidth (the norm's all-reduce, where ranks wait for each other, counts as communication).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def step_seconds(cfg: TrainConfig, world: int, res: RankResult) -> dict[str, flo
     per_token = flops.hardware_flops_per_token(n, cfg.recompute, m) + flops.attention_flops_per_token(m)
     compute = per_token * tokens / res.probe["flops"]
     comm = predict.comm_seconds(cfg, world, res.buckets)
-    optimizer = predict.optimizer_bytes(cfg, world) / res.probe["bandwidth"]
+    optimizer = (predict.optimizer_bytes(cfg, world) / res.probe["bandwidth"]
+                 + predict.optimizer_shard(cfg, world) * res.probe["adam_s_per_param"])
     return {"compute": compute, "comm": comm, "optimizer": optimizer, "step": compute + comm + optimizer}
 
 
