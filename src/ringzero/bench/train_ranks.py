@@ -91,10 +91,11 @@ class _Ringzero:
         return loss, ph
 
     def transient(self) -> int:
-        """Full-size buffers alive now: gathered layers, layers being gathered, unreduced gradients."""
+        """Full-size buffers alive now: gathered layers, all-gather outputs being filled, unreduced
+        gradient flats and parameter gradients not yet copied into one (ZeRO-3's root)."""
         sh = self.sh
-        n = _nbytes(sh.param_flats) if sh.stage.shard_params else 0
-        n += sum(sh.buckets[bi].padded * sh.buckets[bi].params[0].element_size() for bi in sh._gathering)
+        n = _nbytes(sh.param_flats) + _nbytes(sh.landing.values()) if sh.stage.shard_params else 0
+        n += _nbytes(p.grad for b in sh.buckets for p in b.params)
         return n + (_nbytes(sh.grad_flats) if sh.stage.shard_grads else 0)
 
     def states(self) -> dict:

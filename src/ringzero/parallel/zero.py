@@ -59,7 +59,8 @@ class Sharded:
         self.grad_shards: list[torch.Tensor | None] = [None] * len(self.buckets)
         self._ready = [0] * len(self.buckets)
         self._got: set[tuple[int, int]] = set()    # (bucket, slot) that received a gradient
-        self._gathering: dict[int, object] = {}
+        self._gathering: dict[int, object] = {}   # bucket -> future of its all-gather
+        self.landing: dict[int, torch.Tensor] = {}  # bucket -> all-gather output allocated, not bound yet
         for bi, b in enumerate(self.buckets):
             for i, p in enumerate(b.params):
                 p.register_post_accumulate_grad_hook(self._grad_hook(bi, i))
@@ -104,21 +105,34 @@ class Sharded:
 
     # -- gradients ------------------------------------------------------------------------------
     def _grad_hook(self, bi: int, i: int):
+        # ZeRO-3's root (embeddings, final norm) gets gradients at both ends of backward: its
+        # parameters keep their own .grad until the last arrives and are copied into the flat
+        # then, so the whole root flat is not held through backward (FSDP2 holds no more either).
+        lazy = self.stage.shard_params and bi == self.root
+
         def hook(p: nn.Parameter) -> None:
             b = self.buckets[bi]
-            if self.grad_flats[bi] is None:
-                self.grad_flats[bi] = b.empty()
-            b.slot(i, self.grad_flats[bi]).add_(p.grad.reshape(-1))
-            p.grad = None
+            if not lazy:
+                self._accumulate(bi, i, p)
             self._got.add((bi, i))
             self._ready[bi] += 1
             if self._ready[bi] == len(b.params):
                 self._ready[bi] = 0
+                if lazy:
+                    for j, q in enumerate(b.params):
+                        self._accumulate(bi, j, q)
                 if self.stage.shard_params and bi != self.root:
                     self._release(bi)          # its backward is done: free the gathered layer now
                 if self.sync or self.stage.reduces_every_micro_batch:
                     self.queue.submit(self._reduce, bi)
         return hook
+
+    def _accumulate(self, bi: int, i: int, p: nn.Parameter) -> None:
+        """Add p.grad into its slot of bucket bi's gradient flat, and drop it."""
+        if self.grad_flats[bi] is None:
+            self.grad_flats[bi] = self.buckets[bi].empty()
+        self.buckets[bi].slot(i, self.grad_flats[bi]).add_(p.grad.reshape(-1))
+        p.grad = None
 
     def _reduce(self, bi: int) -> None:
         b, flat = self.buckets[bi], self.grad_flats[bi]
@@ -186,7 +200,9 @@ class Sharded:
     def _gather(self, bi: int) -> torch.Tensor:
         if self.topology.dp == 1:
             return self.param_shards[bi].clone()
-        full = self.buckets[bi].empty()
+        b = self.buckets[bi]
+        full = torch.empty(b.padded, dtype=b.dtype, device=b.device)    # every element is overwritten
+        self.landing[bi] = full
         comm.all_gather_into_tensor(full, self.param_shards[bi], group=self.group,
                                     algorithm=self.config.algorithm_for("all_gather"))
         return full
@@ -199,6 +215,7 @@ class Sharded:
         if self.param_flats[bi] is None:
             self._prefetch(bi)
             full = self._gathering.pop(bi).result()
+            self.landing.pop(bi, None)
             self.buckets[bi].bind(full)
             self.param_flats[bi] = full
 
@@ -218,6 +235,7 @@ class Sharded:
             for fut in self._gathering.values():
                 fut.result()
             self._gathering.clear()
+            self.landing.clear()
             for bi, flat in enumerate(self.param_flats):
                 if flat is not None:
                     self._release(bi)
