@@ -1,8 +1,10 @@
 """`make bench`: ringzero's dp and zero3 against torch's DDP and FSDP2, and recomputation (issue 4).
 
 Runs `ringzero bench train` on 2 and then 4 local gloo ranks (recomputation, which runs on one rank,
-only with the first), prints each report and writes both to out/bench_train.json, with the
-command lines that reproduce them. Times on a shared 2-core machine are noisy: read the ratios
+only with the first) against peers using torch's default AdamW (foreach), then dp and zero3 again on
+2 ranks against peers using torch's fused AdamW, the fastest optimizer torch has for them (ringzero
+always runs the fused kernel on its flat shards). Prints each report and writes them to
+out/bench_train.json, with the command lines that reproduce them. Times on a shared 2-core machine are noisy: read the ratios
 (the variants are interleaved step by step within a run), not the absolute numbers.
 """
 
@@ -28,16 +30,18 @@ def main(argv=None) -> int:
     extra = [a for a in args.extra if a != "--"]
     console = make_console()
     runs, t0 = {}, time.time()
-    for i, nproc in enumerate(int(n) for n in args.nprocs.split(",")):
-        suites = "dp,zero3,recompute" if i == 0 else "dp,zero3"
-        argv_n = ["--nproc", str(nproc), "--suites", suites, *extra]
+    nprocs = [int(n) for n in args.nprocs.split(",")]
+    plan = [(str(n), n, "dp,zero3,recompute" if i == 0 else "dp,zero3", "foreach") for i, n in enumerate(nprocs)]
+    plan.append((f"{nprocs[0]}-fused", nprocs[0], "dp,zero3", "fused"))
+    for label, nproc, suites, adam in plan:
+        argv_n = ["--nproc", str(nproc), "--suites", suites, "--torch-adam", adam, *extra]
         parser = argparse.ArgumentParser()
         train.add_arguments(parser)
         console.rule(f"ringzero bench train {' '.join(argv_n)}")
         result = train.benchmark(parser.parse_args(argv_n))
         result["command"] = "ringzero bench train " + " ".join(argv_n)
         train.print_report(result, console)
-        runs[str(nproc)] = result
+        runs[label] = result
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     summary = {n: r["ratios"] for n, r in runs.items()}

@@ -26,10 +26,22 @@ def test_tiny_run_writes_every_ratio(tmp_path, capsys):
     assert "targets (issue 4)" in capsys.readouterr().out
 
 
+@pytest.mark.timeout(120)
+def test_fused_adam_peers_train_the_same_model(tmp_path):
+    out = tmp_path / "bench_train.json"
+    assert cli.main(["bench", "train", "--nproc", "2", *TINY, "--suites", "dp,zero3", "--torch-adam", "fused",
+                     "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["settings"]["torch_optimizer"] == "torch.optim.AdamW(fused=True)"
+    for suite in ("dp", "zero3"):
+        assert result[suite]["max_loss_diff"] < 1e-3
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--suites", "dp,tp"], "--suites"),
     (["--nproc", "1", "--suites", "dp"], "--nproc"),
     (["--steps", "1"], "--steps"),
+    (["--torch-adam", "sgd"], "--torch-adam"),
     (["--rc-hidden", "30", "--rc-heads", "4"], "divisible"),
 ])
 def test_bad_arguments_exit_2(argv, message, capsys):

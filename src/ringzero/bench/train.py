@@ -57,6 +57,9 @@ def add_arguments(parser) -> None:
     a("--lr", type=float, default=1e-3, help="peak learning rate of every variant (default 1e-3)")
     a("--bucket-mb", type=float, default=25.0,
       help="gradient bucket MiB: ringzero's bucket_mb and DDP's bucket_cap_mb (default 25, DDP's)")
+    a("--torch-adam", default="foreach",
+      help="torch.optim.AdamW implementation of the DDP/FSDP2 peers (default foreach, torch's default; "
+           "fused is their fastest here)")
     a("--algorithm", default="auto", help="ringzero collective algorithm (default auto)")
     a("--suites", default=",".join(SUITE_NAMES), help="comma list of dp, zero3, recompute (default all)")
     a("--rc-layers", type=int, default=2, help="recompute shape: layers (default 2)")
@@ -85,9 +88,12 @@ def build_job(args):
                       warmup=min(10, args.steps))
     rc = ModelShape(name="recompute", layers=args.rc_layers, hidden=args.rc_hidden, heads=args.rc_heads,
                     vocab=256, seq=args.rc_seq)
+    if args.torch_adam not in ("foreach", "fused"):
+        raise ValueError(f"--torch-adam {args.torch_adam!r}: allowed foreach, fused")
     if args.rc_batch < 1:
         raise ValueError(f"--rc-batch must be >= 1, got {args.rc_batch}")
-    return Job(cfg=cfg, suites=suites, rc_shape=rc, rc_batch=args.rc_batch, rc_steps=args.rc_steps)
+    return Job(cfg=cfg, suites=suites, rc_shape=rc, rc_batch=args.rc_batch, rc_steps=args.rc_steps,
+               torch_adam=args.torch_adam)
 
 
 def _per_step_max(ranks: list[dict], suite: str, name: str, key: str = "times") -> list:
@@ -188,7 +194,7 @@ def print_report(result: dict, console=None) -> None:
     console.print(f"{result['nproc']} ranks, GPT {m['layers']} x {m['hidden']} (heads {m['heads']}, seq {m['seq']}), "
                   f"global batch {s['global_batch']}, fp32, {s['steps']} steps ({s['skip']} skipped); buckets: "
                   f"ringzero bucket_mb={s['ringzero_bucket_mb']:g}, DDP bucket_cap_mb={s['ddp_bucket_cap_mb']:g}; "
-                  f"ringzero algorithm {s['algorithm']}")
+                  f"ringzero algorithm {s['algorithm']}; torch peers: {s['torch_optimizer']}")
     t = Table(title="step time (ms, median of the max over ranks) and model-state bytes per rank (MiB)",
               title_justify="left", box=box.SIMPLE_HEAD, caption_justify="left",
               caption="torch's peers communicate inside backward; 'comm wait' is ringzero's wait after backward "
@@ -252,7 +258,7 @@ def benchmark(args) -> dict:
         "model": dataclasses.asdict(c.shape), "micro_batch": c.micro_batch, "global_batch": c.global_batch(args.nproc),
         "steps": c.steps, "skip": args.skip, "precision": c.precision, "ringzero_bucket_mb": c.bucket_mb,
         "ddp_bucket_cap_mb": c.bucket_mb, "algorithm": c.comm_algorithm, "lr": c.lr, "betas": c.betas,
-        "clip": c.clip, "torch_optimizer": "torch.optim.AdamW (default implementation)"}}
+        "clip": c.clip, "torch_optimizer": f"torch.optim.AdamW({args.torch_adam}=True)"}}
     if "dp" in job.suites:
         result["dp"] = summarize_pair(ranks, "dp", "rz_dp", "ddp", args.skip)
     if "zero3" in job.suites:

@@ -56,6 +56,8 @@ class Job:
     rc_shape: ModelShape
     rc_batch: int
     rc_steps: int
+    torch_adam: str = "foreach"
+    """torch.optim.AdamW implementation of the DDP/FSDP2 peers: "fused" or "foreach" (torch's default)."""
 
 
 def _nbytes(ts) -> int:
@@ -108,7 +110,7 @@ class _Ringzero:
 
 
 class _Torch:
-    def __init__(self, kind: str, cfg: TrainConfig, group, data: ByteData) -> None:
+    def __init__(self, kind: str, cfg: TrainConfig, group, data: ByteData, adam: str) -> None:
         self.kind, self.cfg, self.data, self.group = kind, cfg, data, group
         torch.manual_seed(cfg.seed)
         model = GPT(cfg.shape, attention=cfg.attention)
@@ -124,7 +126,7 @@ class _Torch:
             self.model = fully_shard(model, mesh=mesh)
             self.units = [model, *model.blocks]
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay)
+                                     weight_decay=cfg.weight_decay, **{adam: True})
         self.dp, self.rank = dist.get_world_size(group), dist.get_rank(group)
 
     def step(self, i: int, measure: bool = False) -> tuple[float, dict]:
@@ -197,10 +199,10 @@ class _Torch:
         pass
 
 
-def _build(name: str, cfg: TrainConfig, group, data: ByteData):
+def _build(name: str, job: Job, group, data: ByteData):
     if name.startswith("rz_"):
-        return _Ringzero(dataclasses.replace(cfg, strategy=name[3:]), group)
-    return _Torch(name, cfg, group, data)
+        return _Ringzero(dataclasses.replace(job.cfg, strategy=name[3:]), group)
+    return _Torch(name, job.cfg, group, data, job.torch_adam)
 
 
 def _interleaved(variants: dict, steps: int, barrier) -> dict:
@@ -231,7 +233,7 @@ def _training(job: Job) -> dict:
         for name in SUITES[suite]:
             group = dist.new_group(backend="gloo")
             try:
-                variants[name] = _build(name, cfg, group, data)
+                variants[name] = _build(name, job, group, data)
             except Exception as exc:       # e.g. FSDP2 unsupported here: reported, never faked
                 errors[name] = f"{type(exc).__name__}: {exc}"
         if errors:
