@@ -19,14 +19,13 @@ not glibc, when the user already set `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THR
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
+import functools
 import os
 
 _M_TRIM_THRESHOLD = -1     # glibc <malloc.h>
 _M_MMAP_THRESHOLD = -3
 THRESHOLD = 1 << 30        # bytes; mallopt takes an int
 _ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-_state: dict[str, bool] = {}
 
 
 def _glibc():
@@ -38,15 +37,11 @@ def _glibc():
         return None
 
 
+@functools.cache
 def tune() -> bool:
     """Apply the thresholds once per process; True when they are in effect."""
-    if "tuned" in _state:
-        return _state["tuned"]
-    tuned = False
-    if os.environ.get("RINGZERO_MALLOC", "tuned") != "system" and not any(k in os.environ for k in _ENV):
-        libc = _glibc()
-        if libc is not None:
-            tuned = bool(libc.mallopt(_M_MMAP_THRESHOLD, THRESHOLD)) \
-                and bool(libc.mallopt(_M_TRIM_THRESHOLD, THRESHOLD))
-    _state["tuned"] = tuned
-    return tuned
+    if os.environ.get("RINGZERO_MALLOC", "tuned") == "system" or any(k in os.environ for k in _ENV):
+        return False
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, THRESHOLD)) \
+        and bool(libc.mallopt(_M_TRIM_THRESHOLD, THRESHOLD))

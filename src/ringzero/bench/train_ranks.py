@@ -8,7 +8,7 @@ process group:
 - ringzero `dp` / `zero3`: `train.engine.Trainer` (the engine `ringzero train` runs), one
   `Trainer.step` per step.
 - DDP: `torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=...)` + `torch.optim.AdamW`
-  (default implementation: the per-tensor loop on CPU) + `clip_grad_norm_`.
+  (`Job.torch_adam`: foreach, torch's default, or fused) + `clip_grad_norm_`.
 - FSDP2: `fully_shard` on every block, then on the root (reshard after forward: the blocks are
   gathered again for backward, as ringzero's ZeRO-3 does), + AdamW on the DTensor shards.
 
@@ -17,32 +17,27 @@ barrier, so drift in the machine's load hits all variants alike; every rank time
 the parent takes the max over ranks. After the timed steps, one more step per variant measures
 model-state bytes (see `_Torch.transient` and `_Ringzero.transient` for what is counted).
 
-Recomputation runs on rank 0 alone (the others wait at a barrier): three copies of a GPT of the
-recomputation shape, recompute none / selective / full, interleaved the same way; `SavedBytes`
-counts the activation bytes of one more forward each.
+Recomputation runs on rank 0 alone (`bench.recompute_ranks`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..parallel.recompute import SavedBytes, apply_recompute
 from ..parallel.topology import Topology
 from ..plan.shapes import ModelShape
 from ..train.config import TrainConfig
 from ..train.data import ByteData, load_bytes
 from ..train.engine import RankResult, Trainer
-from ..train.model import GPT, AttentionCore
+from ..train.model import GPT
 
 SUITES = {"dp": ("rz_dp", "ddp"), "zero3": ("rz_zero3", "fsdp2")}
-RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -251,59 +246,12 @@ def _training(job: Job) -> dict:
     return out
 
 
-def _recompute(job: Job) -> dict:
-    shape, b = job.rc_shape, job.rc_batch
-    data = ByteData(load_bytes(job.cfg.data, job.cfg.max_bytes), shape.seq, seed=job.cfg.seed)
-    variants = {}
-    for mode in RECOMPUTE_MODES:
-        torch.manual_seed(job.cfg.seed)
-        model = apply_recompute(GPT(shape), mode, (AttentionCore,))
-        variants[mode] = _Single(model, data, b, job.cfg.lr)
-    # One rank measures while the others wait in a barrier: it gets every core, as a single
-    # training process would.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
-    try:
-        res = _interleaved(variants, job.rc_steps, lambda: None)
-    finally:
-        torch.set_num_threads(threads)
-    for mode, v in variants.items():
-        res[mode]["activations"] = v.saved_bytes(job.rc_steps)
-    return res
-
-
-class _Single:
-    """One rank, no communication: forward, backward, AdamW."""
-
-    def __init__(self, model, data: ByteData, batch: int, lr: float) -> None:
-        self.model, self.data, self.batch = model, data, batch
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr)
-
-    def step(self, i: int) -> tuple[float, dict]:
-        x, y = self.data.batch("train", i, self.batch)
-        t0 = time.perf_counter()
-        loss = self.model(x, y)
-        t1 = time.perf_counter()
-        loss.backward()
-        t2 = time.perf_counter()
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.item(), {"forward": t1 - t0, "backward": t2 - t1, "optimizer": time.perf_counter() - t2}
-
-    def saved_bytes(self, i: int) -> int:
-        x, y = self.data.batch("train", i, self.batch)
-        with SavedBytes(self.model) as saved:
-            loss = self.model(x, y)
-        loss.backward()
-        self.opt.zero_grad(set_to_none=True)
-        return saved.total
-
-
 def rank_main(job: Job) -> dict:
     """Runs on every rank; returns this rank's measurements (plain data)."""
     out = _training(job)
     if "recompute" in job.suites:
         if dist.get_rank() == 0:
-            out["recompute"] = _recompute(job)
+            from .recompute_ranks import recompute     # imports this module's _interleaved
+            out["recompute"] = recompute(job)
         dist.barrier()
     return out
