@@ -18,6 +18,7 @@ from ringzero import comm
 from ringzero.comm.algorithms import butterfly, rabenseifner
 from ringzero.plan.chunks import bounds_from_sizes, chunk_bounds, chunk_sizes
 from ringzero.plan.comm_volume import Call, call_for, volume
+from fake_comm import PostByExchange
 
 WORLDS = (1, 2, 3, 4, 5, 6, 7, 8)
 DTYPES = (torch.float32, torch.bfloat16, torch.int64)
@@ -196,7 +197,7 @@ def test_plan_closed_forms_power_of_two(n):
         assert rs.rounds == ag.rounds == k and rs.bytes_sent == ag.bytes_recv == (n - 1) * S // n
 
 
-class _SimComm:
+class _SimComm(PostByExchange):
     """A Comm over threads: sends are copied into per-pair FIFO queues at post time."""
 
     async_p2p = True  # receives may be posted ahead of sends, as on gloo
@@ -224,6 +225,10 @@ class _SimComm:
 
     def sendrecv(self, sends=(), recvs=(), new_round=True):
         self.exchange(sends, recvs, new_round).wait()
+
+    @staticmethod
+    def split(buf, sizes):
+        return np.split(buf, np.cumsum(sizes)[:-1]) if len(sizes) else []
 
     def reduce(self, dst, src):
         dst += src

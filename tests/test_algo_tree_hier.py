@@ -13,10 +13,11 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm
-from ringzero.comm.algorithms import hierarchical, tree
+from ringzero.comm.algorithms import hierarchical, ring, tree
 from ringzero.comm.subcomm import SubComm
 from ringzero.plan.chunks import bounds_from_sizes, chunk_bounds, chunk_sizes
 from ringzero.plan.comm_volume import Call, call_for, volume
+from fake_comm import PostByExchange
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int64)
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "product": dist.ReduceOp.PRODUCT}
@@ -134,7 +135,7 @@ class _Net:
         self.boxes = {(s, d): queue.Queue() for s in range(n) for d in range(n)}
 
 
-class _ThreadComm:
+class _ThreadComm(PostByExchange):
     async_p2p = True  # receives may be posted ahead of sends, as on gloo
     def __init__(self, net, rank, n, rpn=None):
         self.net, self.rank, self.size, self.itemsize, self.ranks_per_node = net, rank, n, 8, rpn
@@ -161,6 +162,10 @@ class _ThreadComm:
 
     def sendrecv(self, sends=(), recvs=(), new_round=True):
         self.exchange(sends, recvs, new_round).wait()
+
+    @staticmethod
+    def split(buf, sizes):
+        return buf.split(sizes)
 
     def reduce(self, dst, src):
         dst.add_(src)
@@ -293,3 +298,24 @@ def test_plan_formulas_match_the_closed_forms():
             m = -(-n // k)
             lead = volume(call_for("all_reduce", "hierarchical", n, 1000, 4, ranks_per_node=k), 0)
             assert lead.rounds == 2 * (k - 1).bit_length() + 2 * (m - 1)
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 5])
+@pytest.mark.parametrize("n", [3, 6])
+def test_ring_pipelining_any_lookahead(monkeypatch, n, lookahead):
+    """Many segments per chunk (3 elements each), uneven and empty chunks, receives posted ahead."""
+    monkeypatch.setattr(ring, "SEGMENT_BYTES", 24)
+    monkeypatch.setattr(ring, "LOOKAHEAD", lookahead)
+    sizes = [(7 * j) % 11 for j in range(n)]  # 0, 7, 3, 10, ... elements: 0 to 4 segments
+    bounds, count = bounds_from_sizes(sizes), sum(sizes)
+
+    def run(c, r):
+        buf = torch.arange(count, dtype=torch.float64) * (r + 1)
+        ring.all_reduce(c, buf, bounds)
+        return buf
+
+    for r, (buf, traffic) in enumerate(_simulate(n, run)):
+        assert torch.equal(buf, torch.arange(count, dtype=torch.float64) * (n * (n + 1) / 2)), (r, buf)
+        plan = volume(Call(collective="all_reduce", algorithm="ring", n=n, sizes=tuple(sizes), itemsize=8,
+                           segment_bytes=24), r)
+        assert traffic == plan.astuple(), (r, traffic, plan)

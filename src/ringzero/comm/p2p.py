@@ -8,7 +8,9 @@ symbolic buffers to print who sends what to whom. Nothing else in an algorithm t
 Deadlock freedom: all sends and receives of one step are posted together before any is waited on.
 On NCCL they go through `batch_isend_irecv` (one NCCL group), because separately issued NCCL
 send/recv calls serialise on the stream and a ring of them deadlocks (seen at 4 and 8 ranks). Gloo's
-`isend`/`irecv` are truly asynchronous, so there they are posted directly (cheaper per message).
+sends and receives are truly asynchronous, so there they are posted one by one on the group's
+`ProcessGroup` (`send`/`recv` with group ranks, what `dist.isend` calls after its checks), and the
+pipelined ring posts each message on its own (`post_send`, `post_recv`).
 Messages between one pair of ranks are matched in posting order, so every algorithm posts them in
 the same order on both sides. Zero-length messages are never sent; both sides skip them because
 both know the chunk sizes.
@@ -53,10 +55,13 @@ class TorchComm:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.dtype, self.device = dtype, device
-        self.itemsize = torch.empty((), dtype=dtype).element_size()
+        self.itemsize = dtype.itemsize
         self.ranks_per_node = ranks_per_node
         self._reduce = reducer(op)
         self._global = dist.get_process_group_ranks(group) if group is not None else None
+        # Gloo point-to-point goes straight to the group's ProcessGroup, which takes group ranks:
+        # `dist.isend`'s argument checks and rank translation cost more than the call itself.
+        self._pg = group if group is not None else dist.group.WORLD
         self._batched = dist.get_backend(group) == "nccl"
         self.async_p2p = not self._batched  # see ring.py: NCCL serialises separate p2p calls
         self._meters = active_entries(key)
@@ -64,9 +69,13 @@ class TorchComm:
         for rec in self._meters:
             rec.calls += 1
 
-    def _peer(self, r: int) -> int:
+    def _check(self, r: int) -> int:
         if not 0 <= r < self.size or r == self.rank:
             raise RuntimeError(f"internal: rank {self.rank} addressed peer {r} in a group of {self.size}")
+        return r
+
+    def _peer(self, r: int) -> int:
+        self._check(r)
         return self._global[r] if self._global is not None else r
 
     def empty(self, n: int) -> torch.Tensor:
@@ -100,9 +109,24 @@ class TorchComm:
             ops = [dist.P2POp(dist.isend, b, self._peer(p), group=self.group) for p, b in sends]
             ops += [dist.P2POp(dist.irecv, b, self._peer(p), group=self.group) for p, b in recvs]
             return Pending(dist.batch_isend_irecv(ops))
-        works = [dist.isend(b, self._peer(p), group=self.group) for p, b in sends]
-        works += [dist.irecv(b, self._peer(p), group=self.group) for p, b in recvs]
+        works = [self._pg.send([b], self._check(p), 0) for p, b in sends]
+        works += [self._pg.recv([b], self._check(p), 0) for p, b in recvs]
         return Pending(works)
+
+    def post_send(self, peer: int, buf: torch.Tensor, new_round: bool = False):
+        """Post one non-empty send on an async backend; returns a handle with `wait()`."""
+        self._count(((peer, buf),), (), new_round)
+        return self._pg.send([buf], self._check(peer), 0)
+
+    def post_recv(self, peer: int, buf: torch.Tensor, new_round: bool = False):
+        """Post one non-empty receive on an async backend; returns a handle with `wait()`."""
+        self._count((), ((peer, buf),), new_round)
+        return self._pg.recv([buf], self._check(peer), 0)
+
+    @staticmethod
+    def split(buf: torch.Tensor, sizes: list[int]):
+        """Views of consecutive pieces of `buf` (one call, however many pieces)."""
+        return buf.split(sizes)
 
     def sendrecv(self, sends=(), recvs=(), new_round: bool = True) -> None:
         """`exchange(...).wait()`: one blocking step."""

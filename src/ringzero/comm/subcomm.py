@@ -4,7 +4,7 @@ The hierarchical all-reduce runs a binomial reduce inside each node, a ring amon
 leaders and a binomial broadcast inside each node again; each of those is an ordinary algorithm
 from `ringzero.comm.algorithms`, run over a `SubComm` whose local rank i is the parent's rank
 `members[i]`. Everything is delegated to the parent through the `Comm` interface only (rank,
-size, itemsize, empty, exchange, reduce, copy), so a SubComm works over `TorchComm` and over the
+size, itemsize, empty, split, exchange, post_send, post_recv, reduce, copy), so a SubComm works over `TorchComm` and over the
 explainer's symbolic Comm alike, and every byte it moves is metered under the parent's call.
 """
 
@@ -49,6 +49,15 @@ class SubComm:
 
     def sendrecv(self, sends=(), recvs=(), new_round: bool = True) -> None:
         self.exchange(sends, recvs, new_round).wait()
+
+    def post_send(self, peer: int, buf, new_round: bool = False):
+        return self.parent.post_send(self.members[peer], buf, new_round=new_round)
+
+    def post_recv(self, peer: int, buf, new_round: bool = False):
+        return self.parent.post_recv(self.members[peer], buf, new_round=new_round)
+
+    def split(self, buf, sizes):
+        return self.parent.split(buf, sizes)
 
     def reduce(self, dst, src) -> None:
         self.parent.reduce(dst, src)
