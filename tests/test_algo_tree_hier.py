@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm
+from ringzero.comm import config
 from ringzero.comm.algorithms import hierarchical, ring, tree
 from ringzero.comm.subcomm import SubComm
 from ringzero.plan.chunks import bounds_from_sizes, chunk_bounds, chunk_sizes
@@ -300,16 +301,20 @@ def test_plan_formulas_match_the_closed_forms():
             assert lead.rounds == 2 * (k - 1).bit_length() + 2 * (m - 1)
 
 
-@pytest.mark.parametrize("lookahead", [1, 2, 5])
+@pytest.mark.parametrize("lookahead,beside", [(1, False), (2, False), (5, False), (1, True)])
 @pytest.mark.parametrize("n", [3, 6])
-def test_ring_pipelining_any_lookahead(monkeypatch, n, lookahead):
-    """Many segments per chunk (3 elements each), uneven and empty chunks, receives posted ahead."""
+def test_ring_pipelining_any_lookahead(monkeypatch, n, lookahead, beside):
+    """Many segments per chunk (3 elements each), uneven and empty chunks, receives posted ahead:
+    `lookahead` when the ring runs alone, DEPTH (and every all-gather receive) beside compute."""
     monkeypatch.setattr(ring, "SEGMENT_BYTES", 24)
     monkeypatch.setattr(ring, "LOOKAHEAD", lookahead)
+    monkeypatch.setattr(ring, "DEPTH", 3)
     sizes = [(7 * j) % 11 for j in range(n)]  # 0, 7, 3, 10, ... elements: 0 to 4 segments
     bounds, count = bounds_from_sizes(sizes), sum(sizes)
 
     def run(c, r):
+        if beside:
+            config.mark_beside_compute()  # this simulated rank's thread only
         buf = torch.arange(count, dtype=torch.float64) * (r + 1)
         ring.all_reduce(c, buf, bounds)
         return buf
@@ -319,3 +324,4 @@ def test_ring_pipelining_any_lookahead(monkeypatch, n, lookahead):
         plan = volume(Call(collective="all_reduce", algorithm="ring", n=n, sizes=tuple(sizes), itemsize=8,
                            segment_bytes=24), r)
         assert traffic == plan.astuple(), (r, traffic, plan)
+    assert not config.beside_compute()  # the mark stayed on the simulated ranks' threads

@@ -6,16 +6,20 @@ worker thread; torch kernels release the GIL, so compute and communication overl
 worker keeps the order of collectives identical on every rank (hooks fire in the same order
 everywhere), which is what makes it safe: two threads using one process group at once could pair
 different collectives across ranks and hang. Every collective of a training step goes through here.
+The worker is marked `comm.config.mark_beside_compute`: its collectives post receives early.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from ..comm.config import mark_beside_compute
+
 
 class CommQueue:
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringzero-comm")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ringzero-comm",
+                                        initializer=mark_beside_compute)
         self._pending: list[Future] = []
 
     def submit(self, fn, *args, **kwargs) -> Future:

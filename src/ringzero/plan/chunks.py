@@ -46,7 +46,7 @@ def pof2_floor(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-SEGMENT_BYTES = 2 << 20
+SEGMENT_BYTES = 1 << 20
 """Pipelining segment of the ring algorithms: each step's chunk is sent in pieces of at most this
 many bytes so that sending, receiving and reducing overlap (`ringzero.comm.algorithms.ring`)."""
 

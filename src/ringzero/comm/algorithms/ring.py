@@ -13,11 +13,15 @@ of the previous step), never for the whole step, so the next segment is on the w
 is reduced. The cut and the schedule depend only on (n, rank, chunk bounds), so they are computed
 once and cached; the buffer is split into all its pieces with one `split` call per collective.
 
-Per message the cost that matters on CPU ranks is not Python but gloo's rendezvous (the sender
-announces, the receiver answers, then the data moves: three socket writes and as many thread
-wake-ups). Measured on 4 gloo ranks of a 2-core machine, posting each receive just before it is
-awaited (`LOOKAHEAD` 1) used less CPU per all-reduce than queueing receives 2 or 8 ahead, and 2 MiB
-segments beat 1 MiB (more messages) and whole chunks (no overlap) from 4 to 64 MiB (README).
+When to post receives depends on what else runs. Alone (a benchmark, a blocking call), the cost
+that matters on CPU ranks is gloo's rendezvous per message (the sender announces, the receiver
+answers, then the data moves: three socket writes and as many thread wake-ups); posting each
+receive just before it is awaited (`LOOKAHEAD` 1) used the least CPU per all-reduce on 4 gloo
+ranks of a 2-core machine (README). Beside computation (the training engine's communication
+thread, `comm.config.beside_compute`) this thread often waits for the GIL or a core, so receives
+are posted early — `DEPTH` reduce-scatter receives ahead into scratch slots, every all-gather
+receive at once, straight into place — and gloo's I/O thread moves the data meanwhile: ZeRO-3 on
+2 ranks stepped in ~225 ms that way against ~240-265 ms with lookahead 1 (issue 4's benchmark).
 
 NCCL serialises separately issued point-to-point calls on one stream, so a receive posted ahead of
 a send would block the ring there; on such backends (`c.async_p2p` false) each unit's send and
@@ -29,9 +33,12 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ...plan.chunks import SEGMENT_BYTES, segments
+from ..config import beside_compute
 
 LOOKAHEAD = 1
-"""Receives posted ahead of the unit being awaited, counting it (1: post just before the wait)."""
+"""Receives in flight when the ring runs alone, counting the awaited one (1: post just before it)."""
+DEPTH = 8
+"""Reduce-scatter receives in flight beside computation (the all-gather posts all of its own)."""
 
 
 @lru_cache(maxsize=512)
@@ -68,13 +75,16 @@ def _drive(c, buf, offsets, units, reduce: bool) -> None:
         return _lockstep(c, buf, offsets, units, reduce)
     right, left = (c.rank + 1) % c.size, (c.rank - 1) % c.size
     pieces = c.split(buf, [hi - lo for lo, hi in offsets])
+    nu, posted_send, done = len(units), 0, -1
+    ahead = max(1, DEPTH if beside_compute() else LOOKAHEAD)
     if reduce:
         seg = max((hi - lo for lo, hi in offsets), default=0)
-        slots = [c.empty(seg) for _ in range(max(1, LOOKAHEAD))]
+        slots = [c.empty(seg) for _ in range(ahead)]
+    elif beside_compute():
+        ahead = nu
     recvs, sends = [], []
-    nu, posted_send, done = len(units), 0, -1
     for i in range(nu):
-        while len(recvs) < min(nu, i + LOOKAHEAD):
+        while len(recvs) < min(nu, i + ahead):
             _, sp, rp, _, first = units[len(recvs)]
             if rp < 0:
                 recvs.append(None)
