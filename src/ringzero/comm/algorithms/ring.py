@@ -21,7 +21,7 @@ ranks of a 2-core machine (README). Beside computation (the training engine's co
 thread, `comm.config.beside_compute`) this thread often waits for the GIL or a core, so receives
 are posted early — `DEPTH` reduce-scatter receives ahead into scratch slots, every all-gather
 receive at once, straight into place — and gloo's I/O thread moves the data meanwhile: ZeRO-3 on
-2 ranks stepped in ~225 ms that way against ~240-265 ms with lookahead 1 (issue 4's benchmark).
+2 ranks stepped in 224-242 ms that way against 240-268 ms with lookahead 1 (issue 4's benchmark).
 
 NCCL serialises separately issued point-to-point calls on one stream, so a receive posted ahead of
 a send would block the ring there; on such backends (`c.async_p2p` false) each unit's send and
