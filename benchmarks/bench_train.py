@@ -4,8 +4,9 @@ Runs `ringzero bench train` on 2 and then 4 local gloo ranks (recomputation, whi
 only with the first) against peers using torch's default AdamW (foreach), then dp and zero3 again on
 2 ranks against peers using torch's fused AdamW, the fastest optimizer torch has for them (ringzero
 always runs the fused kernel on its flat shards). Prints each report and writes them to
-out/bench_train.json, with the command lines that reproduce them. Times on a shared 2-core machine are noisy: read the ratios
-(the variants are interleaved step by step within a run), not the absolute numbers.
+out/bench_train.json, with the command lines that reproduce them. Times on a shared 2-core machine
+are noisy: read the ratios (the variants are interleaved step by step within a run), not the
+absolute numbers.
 """
 
 from __future__ import annotations

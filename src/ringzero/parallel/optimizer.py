@@ -54,19 +54,19 @@ class ShardedAdam:
         self.exp_avg = [torch.zeros_like(w) for w in self.master]
         self.exp_avg_sq = [torch.zeros_like(w) for w in self.master]
         self.t = 0
-        self.comm_seconds = 0.0
 
-    def _global_sq_norm(self, grads: list[torch.Tensor]) -> float:
-        """Σ g² over every rank's shard (one all-reduce of one number when the shards differ)."""
+    def _global_sq_norm(self, grads: list[torch.Tensor]) -> tuple[float, float]:
+        """(Σ g² over every rank's shard, seconds in its all-reduce): one all-reduce of one number
+        when the shards differ."""
         local = sum(float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2 for g in grads)
         sq = torch.tensor([local], dtype=torch.float32)
-        if self.sharded.stage.shard_optimizer and self.sharded.topology.dp > 1:
-            t0 = time.perf_counter()
-            self.sharded.queue.submit(comm.all_reduce, sq, op="sum", group=self.sharded.group,
-                                      algorithm=self.sharded.config.algorithm_for("all_reduce"))
-            self.sharded.queue.drain()
-            self.comm_seconds += time.perf_counter() - t0
-        return float(sq)
+        if not (self.sharded.stage.shard_optimizer and self.sharded.topology.dp > 1):
+            return float(sq), 0.0
+        t0 = time.perf_counter()
+        self.sharded.queue.submit(comm.all_reduce, sq, op="sum", group=self.sharded.group,
+                                  algorithm=self.sharded.config.algorithm_for("all_reduce"))
+        self.sharded.queue.drain()
+        return float(sq), time.perf_counter() - t0
 
     def step(self, divisor: float, loss_scale: float = 1.0, lr: float | None = None) -> dict:
         """Update the shards from the summed gradients; returns {"grad_norm", "skipped", "comm_s"}
@@ -79,22 +79,22 @@ class ShardedAdam:
         """
         if lr is not None:
             self.config = dataclasses.replace(self.config, lr=lr)
-        self.comm_seconds = 0.0
         grads = self.sharded.reduced_grads()
         d = divisor * loss_scale
         if not self.mixed:
             for g in grads:            # fp32: average in place (the summed buffers are spent after this)
                 g.div_(d)
-        norm = math.sqrt(self._global_sq_norm(grads)) / (d if self.mixed else 1.0)
+        sq, comm_s = self._global_sq_norm(grads)
+        norm = math.sqrt(sq) / (d if self.mixed else 1.0)
         if not math.isfinite(norm):
-            return {"grad_norm": norm, "skipped": True, "comm_s": self.comm_seconds}
+            return {"grad_norm": norm, "skipped": True, "comm_s": comm_s}
         clip = self.config.clip
         coef = clip / (norm + 1e-6) if clip is not None else None
         if coef is not None and coef >= 1.0:       # torch's rule: scale only when it shrinks
             coef = None
         self.t += 1
         self._adam(grads, d if self.mixed else None, coef)
-        return {"grad_norm": norm, "skipped": False, "comm_s": self.comm_seconds}
+        return {"grad_norm": norm, "skipped": False, "comm_s": comm_s}
 
     @torch.no_grad()
     def _adam(self, grads: list[torch.Tensor], divide: float | None, coef: float | None) -> None:

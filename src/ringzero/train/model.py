@@ -40,8 +40,8 @@ class AttentionCore(nn.Module):
         super().__init__()
         self.attention, self.p = attention, dropout
         self.drop = _dropout(dropout)
-        bias = torch.zeros(seq, seq).masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
-        self.register_buffer("bias", bias, persistent=False)                   # (s, s): 0 on and below the diagonal
+        bias = torch.full((seq, seq), float("-inf")).triu(1)                 # (s, s): 0 on and below the diagonal
+        self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.attention == "sdpa":

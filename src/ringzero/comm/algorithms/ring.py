@@ -76,12 +76,13 @@ def _drive(c, buf, offsets, units, reduce: bool) -> None:
     right, left = (c.rank + 1) % c.size, (c.rank - 1) % c.size
     pieces = c.split(buf, [hi - lo for lo, hi in offsets])
     nu, posted_send, done = len(units), 0, -1
-    ahead = max(1, DEPTH if beside_compute() else LOOKAHEAD)
+    beside = beside_compute()
     if reduce:
+        ahead = max(1, DEPTH if beside else LOOKAHEAD)
         seg = max((hi - lo for lo, hi in offsets), default=0)
         slots = [c.empty(seg) for _ in range(ahead)]
-    elif beside_compute():
-        ahead = nu
+    else:
+        ahead = nu if beside else max(1, LOOKAHEAD)
     recvs, sends = [], []
     for i in range(nu):
         while len(recvs) < min(nu, i + ahead):
