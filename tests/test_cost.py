@@ -149,3 +149,22 @@ def test_invalid_calibration_file_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not valid"):
         cost.load(bad)
     assert cost.load(tmp_path / "missing.json") is None
+
+
+def test_seconds_prices_any_algorithm_and_torch(tmp_path, monkeypatch):
+    """`select.seconds` prices what ran, candidate or not: hierarchical on one node (its node-local
+    tree), and "torch" as the ring's traffic, with the calibration's "torch" model when it has one."""
+    path = tmp_path / "cal.json"
+    monkeypatch.setenv("RINGZERO_CALIBRATION", str(path))
+    assert "hierarchical" not in select.candidates("all_reduce", 4, None)
+    assert select.seconds("all_reduce", "hierarchical", 4, MiB) == _t("all_reduce", "tree", 4, MiB)
+    for collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        assert select.seconds(collective, "torch", 4, MiB) == _t(collective, "ring", 4, MiB)
+    ring, torch_model = _model(alpha=1e-3), _model(beta=1e-6)
+    cost.save(cost.Calibration(model=ALPHA_BOUND, per_algorithm={"all_reduce/ring": ring}), path)
+    assert select.seconds("all_reduce", "torch", 4, MiB) == _t("all_reduce", "ring", 4, MiB, ring)
+    cost.save(cost.Calibration(model=ALPHA_BOUND, per_algorithm={"all_reduce/ring": ring,
+                                                                 "all_reduce/torch": torch_model}), path)
+    assert select.seconds("all_reduce", "torch", 4, MiB) == _t("all_reduce", "ring", 4, MiB, torch_model)
+    with pytest.raises(ValueError, match="backend's own broadcast"):
+        select.seconds("broadcast", "torch", 4, MiB)

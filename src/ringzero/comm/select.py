@@ -26,7 +26,7 @@ import importlib.util
 import os
 
 from ..plan.chunks import chunk_sizes
-from ..plan.comm_volume import MODULES, Call
+from ..plan.comm_volume import MODULES, Call, formula
 from ..plan.network import DEFAULT, predict
 from . import cost, registry
 
@@ -85,12 +85,23 @@ def _call(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: 
                 itemsize=1, ranks_per_node=ranks_per_node)
 
 
+def _model(collective: str, algorithm: str, cal):
+    """The coefficients that price `algorithm`: its own in `cal`, else (for "torch") its twin's, else
+    the shared model; `DEFAULT` without a calibration."""
+    if cal is None:
+        return DEFAULT
+    own = cal.per_algorithm.get(f"{collective}/{algorithm}")
+    return own if own is not None else cal.model_for(collective, formula(collective, algorithm))
+
+
+def _price(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> float:
+    call = _call(collective, formula(collective, algorithm), n, max(0, nbytes), ranks_per_node)
+    return predict(call, _model(collective, algorithm, cal))
+
+
 def _times(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> dict[str, float]:
-    out = {}
-    for alg in candidates(collective, n, ranks_per_node):
-        model = cal.model_for(collective, alg) if cal is not None else DEFAULT
-        out[alg] = predict(_call(collective, alg, n, max(0, nbytes), ranks_per_node), model)
-    return out
+    return {alg: _price(collective, alg, n, nbytes, ranks_per_node, cal)
+            for alg in candidates(collective, n, ranks_per_node)}
 
 
 def best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> str:
@@ -111,6 +122,15 @@ def _best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal_
 def predicted(collective: str, n: int, nbytes: int, ranks_per_node: int | None = None) -> dict[str, float]:
     """Predicted seconds of every candidate algorithm (what `choose` compares)."""
     return _times(collective, n, nbytes, ranks_per_node, calibration())
+
+
+def seconds(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None = None) -> float:
+    """Predicted seconds of one named algorithm, candidate or not (`hierarchical` on one node runs its
+    node-local tree), or "torch", priced as its `comm_volume.BACKEND_TWIN` with the calibration's
+    model for "torch" when it has one, else the twin's."""
+    if algorithm == "auto":
+        algorithm = choose(collective, n, nbytes, ranks_per_node)
+    return _price(collective, algorithm, n, nbytes, ranks_per_node, calibration())
 
 
 def choose(collective: str, n: int, nbytes: int, ranks_per_node: int | None) -> str:

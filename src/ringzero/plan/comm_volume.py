@@ -35,6 +35,12 @@ MODULES: dict[tuple[str, str], str] = {
     ("all_to_all", "pairwise"): "pairwise", ("all_to_all", "naive"): "naive",
 }
 
+BACKEND_TWIN: dict[str, str] = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring"}
+"""Algorithm "torch" (the backend's own collective) is priced as this algorithm's traffic. Gloo's
+all-reduce and all-gather and NCCL's ring protocol run a ring on large buffers (NCCL switches to a
+tree only for small all-reduces), moving the ring's 2(n-1)/n·S and (n-1)/n·S per rank (Patarasuk &
+Yuan 2009). A model, not a measurement: the traffic meter cannot see inside the backend's calls."""
+
 ROOTED = ("reduce", "broadcast", "gather", "scatter")
 WHOLE_BUFFER = ("all_reduce", "reduce", "broadcast")
 
@@ -161,6 +167,16 @@ def bus_factor(collective: str, n: int) -> float:
     if collective in ("broadcast", "reduce"):
         return 1.0
     return (n - 1) / n
+
+
+def formula(collective: str, algorithm: str) -> str:
+    """The algorithm whose traffic formula prices `algorithm`: itself, or `BACKEND_TWIN`'s for "torch"."""
+    if algorithm != "torch":
+        return algorithm
+    if collective not in BACKEND_TWIN:
+        raise ValueError(f"no traffic model for the backend's own {collective} (algorithm 'torch'); "
+                         f"modelled: {', '.join(BACKEND_TWIN)}")
+    return BACKEND_TWIN[collective]
 
 
 def volume(call: Call, rank: int) -> Volume:

@@ -16,7 +16,7 @@ ranks under ZeRO) as one collective, so the exact bytes are Σ over buckets of
 from __future__ import annotations
 
 from ..plan import activations as act
-from ..plan.comm_volume import call_for, volume
+from ..plan.comm_volume import call_for, formula, volume
 from ..plan.config import Parallel, Training
 from ..plan.memory import model_states, state_bytes
 from ..plan.shapes import ModelShape, param_count
@@ -58,7 +58,8 @@ def states(cfg: TrainConfig, world: int) -> dict[str, float]:
 
 
 def _algorithm(cfg: TrainConfig, collective: str, n: int, nbytes: int) -> str:
-    """The algorithm the engine's collective runs: the configured one, or what "auto" picks."""
+    """The algorithm the engine's collective runs: the configured one mapped to `collective` as
+    `ShardingConfig.algorithm_for` does, or what "auto" picks ("torch" stays "torch")."""
     from ..comm import select
     from ..comm.config import get_config
     from ..parallel.stages import ShardingConfig
@@ -98,11 +99,15 @@ def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list
 
 
 def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0) -> dict[str, int]:
-    """Bytes `rank` sends and receives in one step ("auto" resolved exactly as `ringzero.comm` does)."""
+    """Bytes `rank` sends and receives in one step ("auto" resolved exactly as `ringzero.comm` does;
+    "torch", the backend's own collective, as its ring twin `plan.comm_volume.BACKEND_TWIN`, which
+    the traffic meter cannot see)."""
+    from ..comm.config import get_config
+    rpn = get_config().node_size(world)
     sent = recv = 0
     for collective, count, size, times in calls(cfg, world, buckets):
-        algo = _algorithm(cfg, collective, world, count * size)
-        v = volume(call_for(collective, algo, world, count, size), rank)
+        algo = formula(collective, _algorithm(cfg, collective, world, count * size))
+        v = volume(call_for(collective, algo, world, count, size, ranks_per_node=rpn), rank)
         sent += times * v.bytes_sent
         recv += times * v.bytes_recv
     return {"bytes_sent": sent, "bytes_recv": recv}
@@ -112,12 +117,10 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) 
     """Seconds of the step's collectives under this machine's calibrated α-β-γ model."""
     from ..comm import select
     from ..comm.config import get_config
-    total = 0.0
-    for collective, count, size, times in calls(cfg, world, buckets):
-        algo = _algorithm(cfg, collective, world, count * size)
-        rpn = get_config().node_size(world)
-        total += times * select.predicted(collective, world, count * size, rpn)[algo]
-    return total
+    rpn = get_config().node_size(world)
+    return sum(times * select.seconds(collective, _algorithm(cfg, collective, world, count * size), world,
+                                      count * size, rpn)
+               for collective, count, size, times in calls(cfg, world, buckets))
 
 
 def optimizer_shard(cfg: TrainConfig, world: int) -> float:
