@@ -51,36 +51,29 @@ class TrainConfig:
     data: str | None = None
     """Text file or folder; None: the Python standard library's sources."""
     max_bytes: int = 4 * 2**20
+    log_every: int | None = None
+    """Print a plain log line every N steps; None: every 10 % of the run when stdout is not a terminal."""
 
     def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise ValueError(msg)
-        if self.strategy not in STRATEGIES:
-            bad(f"unknown strategy {self.strategy!r}; allowed: {', '.join(STRATEGIES)}")
-        if self.precision not in DTYPES:
-            bad(f"precision={self.precision!r}; allowed: {', '.join(DTYPES)}")
-        if self.recompute not in MODES:
-            bad(f"recompute={self.recompute!r}; allowed: {', '.join(MODES)}")
-        if self.attention not in ATTENTIONS:
-            bad(f"attention={self.attention!r}; allowed: {', '.join(ATTENTIONS)}")
-        for k in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "max_bytes"):
-            if getattr(self, k) < 1:
-                bad(f"{k} must be >= 1, got {getattr(self, k)}")
-        if not 0 <= self.dropout < 1:
-            bad(f"dropout must be in [0, 1), got {self.dropout}")
-        if not self.lr > 0 or self.warmup < 0 or self.weight_decay < 0:
-            bad("lr must be > 0, warmup and weight_decay >= 0")
-        if self.clip is not None and not self.clip > 0:
-            bad(f"clip must be > 0, got {self.clip}")
-        if not self.bucket_mb > 0:
-            bad(f"bucket_mb must be > 0, got {self.bucket_mb}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            bad(f"betas must be two numbers in [0, 1), got {self.betas}")
-        if not self.eps > 0:
-            bad(f"eps must be > 0, got {self.eps}")
-        if self.seq is not None and self.seq < 1:
-            bad(f"seq must be >= 1, got {self.seq}")
-        registry.check_name("all_reduce", self.comm_algorithm)
+        for name, allowed in (("strategy", STRATEGIES), ("precision", tuple(DTYPES)), ("recompute", MODES),
+                              ("attention", ATTENTIONS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not supported; allowed: {', '.join(allowed)}")
+        for name in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "max_bytes"):
+            _check(self, name, lambda v: v >= 1, "must be >= 1", integer=True)
+        for name in ("seq", "log_every"):
+            _check(self, name, lambda v: v >= 1, "must be >= 1", integer=True, optional=True)
+        _check(self, "warmup", lambda v: v >= 0, "must be >= 0", integer=True)
+        for name in ("lr", "eps", "bucket_mb"):
+            _check(self, name, lambda v: math.isfinite(v) and v > 0, "must be > 0")
+        _check(self, "weight_decay", lambda v: math.isfinite(v) and v >= 0, "must be >= 0")
+        _check(self, "clip", lambda v: math.isfinite(v) and v > 0, "must be > 0 (or None: off)", optional=True)
+        _check(self, "dropout", lambda v: 0 <= v < 1, "must be in [0, 1)")
+        _check(self, "betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "must be two numbers in [0, 1)")
+        if self.comm_algorithm not in registry.SPECIAL + registry.algorithms("all_reduce"):
+            allowed = ", ".join(registry.SPECIAL + registry.algorithms("all_reduce"))
+            raise ValueError(f"comm_algorithm {self.comm_algorithm!r} is not an all-reduce algorithm; "
+                             f"allowed: {allowed}")
         check_shape(self.shape)
 
     @property
@@ -99,13 +92,38 @@ class TrainConfig:
         return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def _number(d: dict, key: str, kind: type, name: str | None = None):
-    """d[key] as `kind`, or one clear line saying what is wrong (bools and fractions of ints refused)."""
-    v = d[key]
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or float(v).is_integer())
+def _check(cfg: TrainConfig, name: str, ok, rule: str, integer: bool = False, optional: bool = False) -> None:
+    """Raise "NAME RULE, got VALUE" unless ok(value); with `integer`, a non-integer (or a bool) is
+    "NAME must be an integer"; with `optional`, None passes."""
+    value = getattr(cfg, name)
+    if optional and value is None:
+        return
+    if integer and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        good = ok(value)
+    except TypeError:
+        good = False
+    if not good:
+        raise ValueError(f"{name} {rule}, got {value!r}")
+
+
+def _number(v, kind: type, name: str):
+    """JSON value `v` of key `name` as `kind`, or one clear line saying what is wrong (bools,
+    fractions of ints and the non-finite NaN/Infinity that Python's json accepts are refused)."""
+    ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+          and (kind is float or float(v).is_integer()))
     if not ok:
-        raise ValueError(f"{name or key} must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+        raise ValueError(f"{name} must be {'an integer' if kind is int else 'a finite number'}, got {v!r}")
     return kind(v)
+
+
+def _flag(d: dict, key: str, name: str) -> bool:
+    """d[key] as a JSON boolean ("false" and "yes" are strings, not booleans); missing: False."""
+    v = d.get(key, False)
+    if not isinstance(v, bool):
+        raise ValueError(f"{name} must be true or false, got {v!r}")
+    return v
 
 
 def _section(d: dict, key: str, allowed: set[str], name: str | None = None) -> dict:
@@ -122,55 +140,106 @@ def _section(d: dict, key: str, allowed: set[str], name: str | None = None) -> d
 # DeepSpeed key -> what it sets (ringzero accepts these and rejects the rest by name).
 DEEPSPEED_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
                   "zero_optimization", "fp16", "bf16", "optimizer", "train_batch_size", "steps_per_print")
+SOURCE = {"micro_batch": "train_micro_batch_size_per_gpu", "grad_accum": "gradient_accumulation_steps",
+          "clip": "gradient_clipping", "log_every": "steps_per_print", "strategy": "zero_optimization.stage",
+          "precision": "fp16/bf16.enabled", **{k: f"optimizer.params.{k}" for k in ("lr", "betas", "eps",
+                                                                                       "weight_decay")}}
+"""TrainConfig field -> the DeepSpeed key it is read from (named in a validation error)."""
+
+
+def _unique(pairs: list) -> dict:
+    keys = [k for k, _ in pairs]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"key {twice[0]!r} appears more than once in one object")
+    return dict(pairs)
+
+
+def read_json(path: str, what: str = "config file"):
+    """The JSON value in file `path`, or a one-line ValueError naming the file and what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f, object_pairs_hook=_unique)
+    except FileNotFoundError:
+        raise ValueError(f"{what} {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"{what} {path!r} is a folder; give a JSON file") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {path!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+                         f"offset {exc.start}); give a JSON file") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{what} {path!r} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    except ValueError as exc:
+        raise ValueError(f"{what} {path!r}: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} {path!r}: {exc.strerror or exc}") from None
+
+
+def _settings(ds: dict) -> dict:
+    """The TrainConfig fields a DeepSpeed config sets (each key checked for its JSON type)."""
+    kw: dict = {}
+    for key, field, kind in (("train_micro_batch_size_per_gpu", "micro_batch", int),
+                             ("gradient_accumulation_steps", "grad_accum", int),
+                             ("steps_per_print", "log_every", int), ("gradient_clipping", "clip", float)):
+        if key in ds:
+            kw[field] = _number(ds[key], kind, key)
+    if "clip" in kw:
+        kw["clip"] = kw["clip"] or None          # DeepSpeed: 0 turns clipping off
+    zero = _section(ds, "zero_optimization", {"stage"})
+    if "stage" in zero:
+        stage = _number(zero["stage"], int, "zero_optimization.stage")
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_optimization.stage={stage}; allowed: 0, 1, 2, 3")
+        kw["strategy"] = "dp" if stage == 0 else f"zero{stage}"
+    enabled = [name for name in ("fp16", "bf16")
+               if _flag(_section(ds, name, {"enabled"}), "enabled", f"{name}.enabled")]
+    if len(enabled) == 2:
+        raise ValueError("fp16.enabled and bf16.enabled are both true; enable at most one")
+    if enabled:
+        kw["precision"] = enabled[0]
+    if "optimizer" in ds:
+        kw.update(_optimizer(_section(ds, "optimizer", {"type", "params"})))
+    return kw
+
+
+def _optimizer(opt: dict) -> dict:
+    kind = opt.get("type", "adam")
+    if not isinstance(kind, str) or kind.lower() not in ("adam", "adamw"):
+        raise ValueError(f"optimizer.type={kind!r}; allowed: Adam, AdamW")
+    kw: dict = {}
+    params = _section(opt, "params", {"lr", "betas", "eps", "weight_decay"}, "optimizer.params")
+    for k, v in params.items():
+        if k == "betas":
+            if not isinstance(v, list) or len(v) != 2:
+                raise ValueError(f"optimizer.params.betas must be a list of two numbers, got {v!r}")
+            kw[k] = tuple(_number(x, float, f"optimizer.params.betas[{i}]") for i, x in enumerate(v))
+        else:
+            kw[k] = _number(v, float, f"optimizer.params.{k}")
+    return kw
 
 
 def from_deepspeed(path: str, world: int, **overrides) -> TrainConfig:
-    """Read a DeepSpeed-style JSON config (the keys of `DEEPSPEED_KEYS`); explicit `overrides` win."""
-    try:
-        with open(path) as f:
-            ds = json.load(f)
-    except FileNotFoundError:
-        raise ValueError(f"config file {path!r} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"config file {path!r} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    """Read a DeepSpeed-style JSON config (the keys of `DEEPSPEED_KEYS`); explicit `overrides` win.
+
+    Every key is checked for its JSON type (a boolean must be true or false, a count an integer),
+    and a value TrainConfig refuses is reported with the key it came from."""
+    ds = read_json(path)
     if not isinstance(ds, dict):
         raise ValueError(f"config file {path!r} must hold a JSON object, got {type(ds).__name__}")
     unknown = sorted(set(ds) - set(DEEPSPEED_KEYS))
     if unknown:
         raise ValueError(f"unsupported DeepSpeed config keys {unknown}; supported: {', '.join(DEEPSPEED_KEYS)}")
-    kw: dict = {}
-    if "train_micro_batch_size_per_gpu" in ds:
-        kw["micro_batch"] = _number(ds, "train_micro_batch_size_per_gpu", int)
-    if "gradient_accumulation_steps" in ds:
-        kw["grad_accum"] = _number(ds, "gradient_accumulation_steps", int)
-    if "gradient_clipping" in ds:
-        kw["clip"] = _number(ds, "gradient_clipping", float) or None
-    zero = _section(ds, "zero_optimization", {"stage"})
-    if "stage" in zero:
-        stage = _number(zero, "stage", int, "zero_optimization.stage")
-        if stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_optimization.stage={stage}; allowed: 0, 1, 2, 3")
-        kw["strategy"] = "dp" if stage == 0 else f"zero{stage}"
-    enabled = [name for name in ("fp16", "bf16") if _section(ds, name, {"enabled"}).get("enabled")]
-    if len(enabled) == 2:
-        raise ValueError("fp16.enabled and bf16.enabled are both true; enable at most one")
-    if enabled:
-        kw["precision"] = enabled[0]
-    opt = _section(ds, "optimizer", {"type", "params"}) if "optimizer" in ds else None
-    if opt is not None:
-        if str(opt.get("type", "adam")).lower() not in ("adam", "adamw"):
-            raise ValueError(f"optimizer.type={opt.get('type')!r}; allowed: Adam, AdamW")
-        params = _section(opt, "params", {"lr", "betas", "eps", "weight_decay"}, "optimizer.params")
-        for k, v in params.items():
-            if k == "betas":
-                if not isinstance(v, list) or len(v) != 2 or not all(isinstance(x, (int, float)) for x in v):
-                    raise ValueError(f"optimizer.params.betas must be a list of two numbers, got {v!r}")
-                kw[k] = tuple(float(x) for x in v)
-            else:
-                kw[k] = _number(params, k, float, f"optimizer.params.{k}")
-    kw.update(overrides)
-    cfg = TrainConfig(**kw)
-    if "train_batch_size" in ds and ds["train_batch_size"] != cfg.global_batch(world):
-        raise ValueError(f"train_batch_size={ds['train_batch_size']} != micro batch x accumulation x "
-                         f"ranks = {cfg.global_batch(world)}")
+    from_file = _settings(ds)
+    try:
+        cfg = TrainConfig(**{**from_file, **overrides})
+    except ValueError as exc:
+        field = str(exc).split(" ", 1)[0]
+        if field in from_file and field not in overrides:
+            raise ValueError(f"{SOURCE[field]} in {path!r}: {exc}") from None
+        raise
+    if "train_batch_size" in ds:
+        batch = _number(ds["train_batch_size"], int, "train_batch_size")
+        if batch != cfg.global_batch(world):
+            raise ValueError(f"train_batch_size={batch} != micro batch x accumulation x ranks = "
+                             f"{cfg.global_batch(world)}")
     return cfg
