@@ -1,23 +1,36 @@
-"""`ringzero` command line: parsing and dispatch only; every subcommand lives in its own module.
+"""ringzero: train one large model on many devices, plan it, and check the plan against the run.
 
-    ringzero bench comm --nproc 4 [--calibrate] [--compare] [--json] [--plot FILE.png]
-    ringzero explain all-reduce --algorithm ring --world 4
-    ringzero plan --model llama-2-7b --gpus 8 --gpu a100-80gb --zero 3 [--search] [--json]
-    ringzero train --nproc 4 --strategy zero2 --precision bf16 --recompute selective --steps 200
-
-Bad input exits with code 2 and one line naming what is wrong and what is allowed.
+ringzero runs the collectives (every classic all-reduce algorithm), data parallelism and ZeRO-1/2/3
+on real torch.distributed ranks; plans parameters, FLOPs, memory, bytes on the wire and step time
+for any model and cluster; and prints every predicted number beside its measured twin.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+import traceback
 
+from .errors import Terminated, UsageError
+
+EXAMPLES = """examples:
+  ringzero train --nproc 4 --strategy zero2 --recompute selective --steps 200
+  ringzero plan --model llama-2-7b --gpus 8 --gpu a100-80gb --zero 3 --search
+  ringzero bench comm --nproc 4 --collective all_reduce --compare
+  ringzero explain all-reduce --algorithm ring --world 4
+
+`ringzero COMMAND --help` shows a command's options. Bad input exits with code 2 and one line
+naming what is wrong; a failure while running exits with code 1 and one line naming the rank and
+its error (--debug or RINGZERO_DEBUG=1 adds the traceback)."""
 
 # command -> (module with add_arguments/run, help); "bench" has sub-commands of its own.
 COMMANDS = {
-    "plan": ("ringzero.commands.plan", "memory, communication and time of a training configuration"),
     "train": ("ringzero.commands.train", "train a GPT on --nproc ranks and compare it with the plan"),
+    "plan": ("ringzero.commands.plan", "memory, communication and time of a training configuration"),
+    "bench": (None, "benchmarks against the peer in the same run (comm, train)"),
     "explain": ("ringzero.comm.explain", "step-by-step walk-through of a collective algorithm"),
 }
 BENCHES = {
@@ -26,44 +39,105 @@ BENCHES = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a parse error as one line (exit 2) instead of the usage block and the error."""
+
+    def error(self, message: str):
+        print(f"ringzero: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def version() -> str:
+    try:
+        from importlib.metadata import version as dist_version
+        return dist_version("ringzero")
+    except Exception:
+        from . import __version__
+        return __version__
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The parser; with `only`, just that command's (so `ringzero plan` never imports torch)."""
+    """The parser. Every command is listed, but only `only`'s module is imported (and its options
+    added), so `ringzero --help` and `ringzero plan` never import torch."""
     import importlib
 
-    parser = argparse.ArgumentParser(prog="ringzero", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of a failure")
+    doc = __doc__.split("\n\n", 1)
+    parser = Parser(prog="ringzero", description=doc[0].split(": ", 1)[1] + "\n\n" + doc[1].strip(),
+                    epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ringzero {version()}")
+    parser.add_argument("--debug", action="store_true", default=False,
+                        help="show the full traceback of a failure (also RINGZERO_DEBUG=1)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                title="commands", parser_class=Parser)
 
-    def add(parent, name: str, module: str, help: str) -> None:
-        mod = importlib.import_module(module)
-        p = parent.add_parser(name, help=help)
-        mod.add_arguments(p)
-        p.set_defaults(handler=mod.run)
+    def add(parent, name: str, module: str | None, help: str, wanted: bool):
+        p = parent.add_parser(name, help=help, description=help, parents=[common])
+        if wanted and module:
+            mod = importlib.import_module(module)
+            mod.add_arguments(p)
+            p.set_defaults(handler=mod.run)
+        return p
 
     for name, (module, help) in COMMANDS.items():
-        if only in (None, name):
-            add(sub, name, module, help)
-    if only in (None, "bench"):
-        bench = sub.add_parser("bench", help="benchmarks against the peer in the same run")
-        bench_sub = bench.add_subparsers(dest="bench_command", required=True)
-        for name, (module, help) in BENCHES.items():
-            add(bench_sub, name, module, help)
+        p = add(sub, name, module, help, only == name)
+        if name == "bench":
+            bench_sub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH",
+                                         parser_class=Parser)
+            for bname, (bmodule, bhelp) in BENCHES.items():
+                add(bench_sub, bname, bmodule, bhelp, only == "bench")
     return parser
 
 
-class UsageError(ValueError):
-    """Bad command-line input: printed as one line, exit code 2."""
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+def _fail(exc: BaseException, debug: bool) -> int:
+    """One line for a runtime failure (exit 1); the traceback only with --debug."""
+    from_rank = hasattr(exc, "summary") and hasattr(exc, "stderr_tail")
+    if debug:
+        traceback.print_exception(exc)
+    if from_rank:
+        print(f"ringzero: error: {exc.summary}", file=sys.stderr)
+        for line in exc.stderr_tail:
+            print(f"  rank {exc.rank} stderr: {line}", file=sys.stderr)
+    elif isinstance(exc, (OSError, RuntimeError, MemoryError, TimeoutError)):
+        print(f"ringzero: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+    else:
+        print(f"ringzero: internal error: {type(exc).__name__}: {exc} (a bug in ringzero; "
+              f"--debug shows where)", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    first = argv[0] if argv else None
-    parser = build_parser(first if first in COMMANDS or first == "bench" else None)
-    args = parser.parse_args(argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    debug = "--debug" in argv or os.environ.get("RINGZERO_DEBUG", "0") not in ("", "0")
+    main_thread = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
+        try:
+            args = build_parser(first if first in COMMANDS else None).parse_args(argv)
+        except SystemExit as exc:          # --help, --version, or a parse error already printed
+            return exc.code if isinstance(exc.code, int) else 0
         return int(args.handler(args) or 0)
-    except (UsageError, ValueError, TypeError, FileNotFoundError) as exc:
+    except UsageError as exc:
         print(f"ringzero: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("ringzero: interrupted (Ctrl-C); every rank was stopped", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Terminated as exc:
+        print(f"ringzero: stopped by signal {exc.signum} (SIGTERM); every rank was stopped", file=sys.stderr)
+        return 128 + exc.signum
+    except Exception as exc:
+        return _fail(exc, debug)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, old)
 
 
 if __name__ == "__main__":

@@ -29,3 +29,12 @@ def usage():
         raise
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+
+
+class Terminated(BaseException):
+    """The process was asked to stop (SIGTERM: `kill`, a scheduler, Kubernetes); like
+    KeyboardInterrupt for SIGINT, it unwinds so that every rank is stopped on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum

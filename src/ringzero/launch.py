@@ -4,7 +4,9 @@
 `TCPStore` that the parent hosts on an ephemeral loopback port (so concurrent runs never clash on a
 fixed port), calls `fn(*args)` on every rank and returns the per-rank results. If any rank raises or
 dies, the others are stopped at once and `RankError` names the rank and its error; past `timeout`
-every rank is stopped and the error says which ranks had not finished. Nothing hangs.
+every rank is stopped and the error says which ranks had not finished; with a watchdog, a job whose
+ranks stop completing steps is stopped too (`ringzero.watchdog`). Ranks die with the parent and
+leave Ctrl-C to it (`ringzero.rank_io`). Nothing hangs and nothing is orphaned.
 
 Under torchrun (`RANK` and `WORLD_SIZE` in the environment) `run` joins that job instead: NCCL when
 CUDA is available, gloo otherwise, and calls `fn` once on this rank.
@@ -12,27 +14,39 @@ CUDA is available, gloo otherwise, and calls `fn` once on this rank.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
 import queue
+import signal
+import tempfile
+import threading
 import time
 import traceback
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from . import allocator
+from . import allocator, rank_io, watchdog
+from .watchdog import Watchdog, WatchdogPolicy
 
 DEFAULT_TIMEOUT_S = 600.0
 
 
 class RankError(RuntimeError):
-    """A rank raised, died or timed out; `.rank` says which (None for a timeout of several)."""
+    """A rank raised, died, stalled or timed out.
 
-    def __init__(self, message: str, rank: int | None = None) -> None:
-        super().__init__(message)
-        self.rank = rank
+    `summary` is one line naming the rank and its error; `details` the rank's traceback;
+    `stderr_tail` the last lines the rank wrote to its standard error (spawned ranks only);
+    `rank` the rank to blame (None when several are). `str()` is the summary and the details.
+    """
+
+    def __init__(self, summary: str, rank: int | None = None, details: str = "",
+                 stderr_tail: tuple[str, ...] = ()) -> None:
+        super().__init__(summary + (f"\n{details}" if details else ""))
+        self.summary, self.rank, self.details, self.stderr_tail = summary, rank, details, stderr_tail
 
 
 def in_torchrun() -> bool:
@@ -46,7 +60,24 @@ def init_process_group(rank: int, world: int, store, backend: str = "gloo",
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float) -> None:
+@dataclass(frozen=True)
+class _Ties:
+    """What a spawned rank gets from its parent besides the job: whom to die with, where to write
+    its stderr, its watchdog slots."""
+
+    parent_pid: int
+    stderr_path: str | None = None
+    beacons: object = None
+
+
+def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float,
+               ties: _Ties | None = None) -> None:
+    if ties is not None:
+        rank_io.die_with_parent(ties.parent_pid)
+        if ties.stderr_path:
+            rank_io.redirect_stderr(ties.stderr_path)
+        if ties.beacons is not None:
+            watchdog.install(ties.beacons, rank)
     allocator.tune()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(rank), str(world), str(rank)
@@ -56,9 +87,9 @@ def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float)
     init_process_group(rank, world, store, "gloo", timeout_s)
 
 
-def _worker(rank, world, port, threads, timeout_s, fn, args, results) -> None:
+def _worker(rank, world, port, threads, timeout_s, fn, args, results, ties=None) -> None:
     try:
-        _bootstrap(rank, world, port, threads, timeout_s)
+        _bootstrap(rank, world, port, threads, timeout_s, ties)
         out = fn(*args)
         results.put(("ok", rank, out))
     except BaseException as exc:  # report everything, including KeyboardInterrupt, to the parent
@@ -86,6 +117,7 @@ def stop_all(procs) -> None:
     for p in procs:
         if p.is_alive():
             p.terminate()
+            _continue(p.pid)          # a stopped (SIGSTOP) rank only acts on SIGTERM once resumed
     deadline = time.monotonic() + 5
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
@@ -94,49 +126,96 @@ def stop_all(procs) -> None:
             p.join()
 
 
+def _continue(pid: int | None) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except (OSError, TypeError):
+        pass
+
+
+@contextlib.contextmanager
+def _children_ignore_sigint():
+    """Start processes with SIGINT ignored (the disposition survives exec): Ctrl-C reaches every
+    process of the terminal's group, and the ranks must leave it to the parent, which stops them,
+    rather than each printing its own KeyboardInterrupt."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def _first_line(msg: str) -> str:
     return msg.splitlines()[0] if msg else msg
 
 
 def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
-          threads: int | None = None) -> list:
-    """Run `fn(*args)` on `nproc` fresh local gloo ranks; return the results in rank order."""
+          threads: int | None = None, watch: WatchdogPolicy | None = None) -> list:
+    """Run `fn(*args)` on `nproc` fresh local gloo ranks; return the results in rank order.
+
+    Each rank dies with this process, its stderr is copied to ours as `[rank r] ...`, and with
+    `watch` a rank that stops completing steps (see `ringzero.watchdog`) stops the job.
+    """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     ctx = mp.get_context("spawn")
     store, port = host_store(nproc)
     results = ctx.Queue()
     threads = threads or default_threads(nproc)
-    procs = [ctx.Process(target=_worker, args=(r, nproc, port, threads, timeout, fn, args, results),
-                         daemon=True) for r in range(nproc)]
-    for p in procs:
-        p.start()
-    try:
-        return collect(procs, results, nproc, timeout)
-    finally:
-        stop_all(procs)
-        del store
+    dog = Watchdog(ctx, nproc, watch) if watch is not None else None
+    with tempfile.TemporaryDirectory(prefix="ringzero-ranks-") as logs:
+        paths = [os.path.join(logs, f"rank{r}.stderr") for r in range(nproc)]
+        ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None) for r in range(nproc)]
+        procs = [ctx.Process(target=_worker, daemon=True,
+                             args=(r, nproc, port, threads, timeout, fn, args, results, ties[r]))
+                 for r in range(nproc)]
+        forwarder = rank_io.StderrForwarder(paths)
+        try:
+            with _children_ignore_sigint():
+                for p in procs:
+                    p.start()
+            return collect(procs, results, nproc, timeout, watchdog=dog, tails=forwarder.tail)
+        finally:
+            stop_all(procs)
+            forwarder.close()
+            del store
 
 
-def collect(procs, results, nproc: int, timeout: float, ranks=None) -> list:
-    """Wait for one result per rank; fail fast on the first error, death or the timeout."""
+def collect(procs, results, nproc: int, timeout: float, ranks=None, watchdog: Watchdog | None = None,
+            tails=None) -> list:
+    """Wait for one result per rank; fail fast on the first error, death, stall or the timeout.
+
+    `tails(rank)` (optional) gives a rank's last stderr lines for the error.
+    """
     ranks = list(range(nproc)) if ranks is None else list(ranks)
     out: dict[int, object] = {}
     deadline = time.monotonic() + timeout
+
+    def fail(summary: str, rank: int | None, details: str = "") -> RankError:
+        tail = tails(rank) if tails is not None and rank is not None else ()
+        return RankError(summary, rank=rank, details=details, stderr_tail=tail)
+
     while len(out) < len(ranks):
         try:
             status, rank, value = results.get(timeout=0.2)
         except queue.Empty:
-            dead = [r for r in ranks if r not in out and not procs[r].is_alive()]
+            pending = [r for r in ranks if r not in out]
+            dead = [r for r in pending if not procs[r].is_alive()]
             if dead:
                 r = dead[0]
-                raise RankError(f"rank {r} died (exit code {procs[r].exitcode}) without a result", rank=r)
+                raise fail(f"rank {r} died (exit code {procs[r].exitcode}) without a result", r)
             if time.monotonic() > deadline:
-                pending = [r for r in ranks if r not in out]
-                raise RankError(f"timed out after {timeout:.0f}s; ranks {pending} had not finished")
+                raise fail(f"timed out after {timeout:.0f}s; ranks {pending} had not finished", None)
+            stalled = watchdog.check(procs, pending) if watchdog is not None else None
+            if stalled:
+                raise fail(stalled, None)
             continue
         if status == "err":
-            raise _root_cause(procs, results, ranks, out, rank, value)
+            summary, r, details = _root_cause(procs, results, ranks, out, rank, value)
+            raise fail(summary, r, details)
         out[rank] = value
     return [out[r] for r in ranks]
 
@@ -144,8 +223,10 @@ def collect(procs, results, nproc: int, timeout: float, ranks=None) -> list:
 _PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
 
 
-def _root_cause(procs, results, ranks, out, rank, value, grace: float = 1.0) -> RankError:
-    """The error to report: a rank that died outranks its peers' lost-connection errors."""
+def _root_cause(procs, results, ranks, out, rank, value, grace: float = 1.0):
+    """(summary, rank, details) of the error to report: a rank that died outranks its peers'
+    lost-connection errors, and a lost connection to a rank that had already returned blames the
+    rank that returned early (it skipped a collective its peers made)."""
     errors = {rank: value}
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
@@ -153,22 +234,32 @@ def _root_cause(procs, results, ranks, out, rank, value, grace: float = 1.0) -> 
             status, r, v = results.get(timeout=0.05)
             if status == "err":
                 errors.setdefault(r, v)
+            else:
+                out[r] = v
         except queue.Empty:
             pass
     dead = [r for r in ranks if r not in out and r not in errors and not procs[r].is_alive()
             and procs[r].exitcode not in (0, None)]
     if dead:
         r = dead[0]
-        return RankError(f"rank {r} died (exit code {procs[r].exitcode}) without a result", rank=r)
+        return f"rank {r} died (exit code {procs[r].exitcode}) without a result", r, ""
     own = [r for r, v in sorted(errors.items()) if not any(p in v for p in _PEER_LOST)]
+    if not own and out:
+        early = sorted(out)
+        r = min(errors)
+        return (f"ranks {early} returned while ranks {sorted(errors)} still waited for them in a "
+                f"collective (rank {r}: {_first_line(errors[r])}): ranks {early} skipped a "
+                f"collective the others made", early[0], errors[r])
     r = own[0] if own else min(errors)
-    return RankError(f"rank {r} failed: {_first_line(errors[r])}\n{errors[r]}", rank=r)
+    return f"rank {r} failed: {_first_line(errors[r])}", r, errors[r]
 
 
-def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S):
+def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
+        watch: WatchdogPolicy | None = None):
     """Under torchrun, join the job and return this rank's `fn(*args)`; otherwise `spawn` locally.
 
-    Returns a list of per-rank results when spawning and a single result under torchrun.
+    Returns a list of per-rank results when spawning and a single result under torchrun (whose
+    agent watches its workers itself; `watch` applies to spawned ranks).
     """
     if in_torchrun():
         allocator.tune()
@@ -178,4 +269,4 @@ def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
         return fn(*args)
-    return spawn(fn, nproc or 1, args, timeout)
+    return spawn(fn, nproc or 1, args, timeout, watch=watch)

@@ -20,7 +20,8 @@ import sys
 
 import torch
 
-from .. import launch
+from .. import launch, outputs
+from ..errors import usage
 from ..comm import cost, registry, select
 from ..comm.ops import SUPPORTED_DTYPES
 from ..plan.comm_volume import bus_factor
@@ -166,7 +167,13 @@ def measure(job: Job, nproc: int, timeout: float = 3600.0) -> list[dict]:
 
 
 def run(args) -> int:
-    job = build_job(args)
+    with usage():
+        job = build_job(args)
+        if args.out is not None and not args.calibrate:
+            raise ValueError("--out names the calibration file: it needs --calibrate")
+        for flag, path in (("--plot", args.plot), ("--out", args.out)):
+            if path:
+                outputs.check(path, flag)
     rows = measure(job, args.nproc, args.timeout)
     cal = path = None
     if args.calibrate:

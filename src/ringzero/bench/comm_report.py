@@ -90,5 +90,6 @@ def plot(rows: list[dict], path: str) -> None:
     for ax in list(axes.flat)[len(collectives):]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    from ..outputs import write_with
+    write_with(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
     plt.close(fig)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from pathlib import Path
 
 from ..plan.activations import head_bytes, layer_bytes, layer_terms
 from ..plan.shapes import ModelShape
@@ -251,7 +250,12 @@ def measure(job, nproc: int, timeout: float) -> list[dict]:
 
 def benchmark(args) -> dict:
     """Validate, run every rank, and return the results as plain data (what --json writes)."""
-    job = build_job(args)
+    from .. import outputs
+    from ..errors import usage
+    with usage():
+        job = build_job(args)
+        if args.json:
+            outputs.check(args.json, "--json")
     ranks = measure(job, args.nproc, args.timeout)
     c = job.cfg
     result: dict = {"nproc": args.nproc, "settings": {
@@ -274,7 +278,6 @@ def run(args) -> int:
     result = benchmark(args)
     print_report(result)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1) + "\n")
+        from ..outputs import write_text
+        write_text(args.json, json.dumps(result, indent=1) + "\n")
     return 0

@@ -2,9 +2,11 @@
 
     ringzero train --nproc 4 --strategy zero2 --precision bf16 --recompute selective --steps 200
     ringzero train --nproc 2 --config ds.json --json-report out/report.json
+    torchrun --nproc-per-node 2 -m ringzero.cli train --strategy zero1 --steps 50
 
-Everything is checked before a rank starts (config, data path, report path); a bad value is one line
-and exit code 2, and nothing is written. Rank 0 shows a progress bar (step, loss, tokens/s, ETA);
+Everything is checked before a rank starts (config, data path, report path, memory); a bad value
+is one line and exit code 2, and nothing is written. Rank 0 shows a progress bar on a terminal and
+plain log lines otherwise; a rank that stops completing steps stops the job (`ringzero.watchdog`);
 the parent prints the validation losses and the predicted-vs-measured table.
 """
 
@@ -15,28 +17,57 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
+import sys
 
+from ..errors import usage
 from ..train.config import STRATEGIES, TrainConfig, from_deepspeed
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
          "micro_batch", "grad_accum", "lr", "warmup", "weight_decay", "clip", "bucket_mb",
-         "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes")
+         "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, default=1, help="local ranks (gloo); ignored under torchrun")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="local ranks, gloo on loopback (default 1; under torchrun the world is torchrun's)")
     p.add_argument("--config", help="DeepSpeed-style JSON config (flags given explicitly win)")
-    p.add_argument("--json-report", help="write the run and its predicted/measured twins here")
+    p.add_argument("--json-report", metavar="FILE.json",
+                   help="write the run and its predicted/measured twins here")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before every rank is stopped")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
+                   help="stop when no step completes for max(S, 20 x the slowest step so far) "
+                        "seconds after the first 2 steps (default 120)")
+    p.add_argument("--force", action="store_true",
+                   help="start even if the planner says the ranks do not fit in this machine's memory")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
+    allowed = _choices()
     for name in FLAGS:
         f = FIELDS[name]
         kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                       help=f"{(f.metadata or {}).get('help', '')}default: {f.default!r}"
-                       + (f"; one of {', '.join(STRATEGIES)}" if name == "strategy" else ""))
+        doc = " ".join((f.metadata or {}).get("help", "").split())
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, choices=allowed.get(name),
+                       metavar=None if name in allowed else name.upper().replace("_", "-"),
+                       help=f"{doc + '; ' if doc else ''}default: {f.default!r}")
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    """The values each enumerated flag accepts (the tables `TrainConfig` validates against)."""
+    from ..comm import registry
+    from ..parallel.precision import DTYPES
+    from ..parallel.recompute import MODES
+    from ..plan.presets import MODELS
+    from ..train.model import ATTENTIONS, check_shape
+
+    def trainable(shape) -> bool:
+        try:
+            check_shape(shape)
+            return True
+        except ValueError:
+            return False
+    return {"strategy": STRATEGIES, "precision": tuple(DTYPES), "recompute": MODES, "attention": ATTENTIONS,
+            "comm_algorithm": registry.SPECIAL + registry.algorithms("all_reduce"),
+            "model": tuple(name for name, shape in MODELS.items() if trainable(shape))}
 
 
 def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
@@ -46,86 +77,89 @@ def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
     return TrainConfig(**given)
 
 
-def _check_report_path(path: str | None) -> None:
-    if path is None:
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        raise ValueError(f"--json-report {path!r}: folder {folder!r} does not exist or is not writable")
+def _world(args: argparse.Namespace, torchrun: bool) -> int:
+    if torchrun:
+        if args.nproc is not None:
+            raise ValueError("--nproc cannot be used under torchrun: torchrun sets the world "
+                             "(--nproc-per-node, --nnodes)")
+        return int(os.environ["WORLD_SIZE"])
+    world = 1 if args.nproc is None else args.nproc
+    if world < 1:
+        raise ValueError(f"--nproc must be >= 1, got {world}")
+    return world
 
 
-def _rank_main(cfg: TrainConfig, show: bool):
+def check(args: argparse.Namespace, torchrun: bool) -> tuple[TrainConfig, int]:
+    """Every check that can fail before a rank starts; (config, world)."""
+    from .. import outputs, watchdog
+    from ..train import footprint
+    from ..train.data import ByteData, load_bytes
+
+    world = _world(args, torchrun)
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    watchdog.WatchdogPolicy(floor_s=args.stall_timeout)          # --stall-timeout > 0
+    cfg = config_from(args, world)
+    if cfg.strategy == "single" and world != 1:
+        raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
+                         f"{', '.join(s for s in STRATEGIES if s != 'single')}")
+    if args.json_report:
+        outputs.check(args.json_report, "--json-report")
+    if not torchrun:
+        footprint.check(cfg, world, force=args.force)
+    ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq)       # data path and size, checked now
+    return cfg, world
+
+
+def _rank_main(cfg: TrainConfig, quiet: bool, torchrun: bool):
     import torch.distributed as dist
 
     from ..train.engine import train_rank
-    progress = None
-    if show and (not dist.is_initialized() or dist.get_rank() == 0):
-        progress = _Progress(cfg, dist.get_world_size() if dist.is_initialized() else 1)
+    from .train_log import StepCallback
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    callback = StepCallback(cfg, world, show=not quiet and rank == 0)
     try:
-        return train_rank(cfg, progress=progress)
+        result = train_rank(cfg, progress=callback)
     finally:
-        if progress:
-            progress.close()
-
-
-class _Progress:
-    """Rank 0's bar: step, loss, tokens/s, ETA (rich)."""
-
-    def __init__(self, cfg: TrainConfig, world: int) -> None:
-        import time
-
-        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-        self.cfg, self.tokens, self.t0, self.time = cfg, cfg.global_batch(world) * cfg.shape.seq, time.perf_counter(), time
-        self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                            TextColumn("loss {task.fields[loss]:.3f}  val {task.fields[val]}  "
-                                       "{task.fields[rate]:,.0f} tokens/s"), TimeRemainingColumn())
-        self.task = self.bar.add_task("train", total=cfg.steps, loss=math.nan, val="-", rate=0.0)
-        self.bar.start()
-
-    def __call__(self, step: int, res) -> None:
-        rate = self.tokens * (step + 1) / (self.time.perf_counter() - self.t0)
-        val = f"{res.val[-1][1]:.3f}" if res.val else "-"
-        self.bar.update(self.task, completed=step + 1, loss=res.losses[-1], val=val, rate=rate)
-
-    def close(self) -> None:
-        self.bar.stop()
+        callback.close()
+    if torchrun and world > 1:           # every rank's measurement reaches rank 0, as spawn's do
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(result, gathered, dst=0)
+        return gathered
+    return result
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from .. import launch
-    from ..train import report
-    from ..train.data import ByteData, load_bytes
-
-    world = int(os.environ["WORLD_SIZE"]) if launch.in_torchrun() else args.nproc
-    if world < 1:
-        raise ValueError(f"--nproc must be >= 1, got {world}")
-    cfg = config_from(args, world)
-    if cfg.strategy == "single" and world != 1:
-        raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use dp or zero1-3")
-    _check_report_path(args.json_report)
-    ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq)       # data path and size, checked now
-    results = launch.run(_rank_main, world, args=(cfg, not args.quiet), timeout=args.timeout)
-    if launch.in_torchrun():
+    from .. import launch, outputs
+    from ..watchdog import WatchdogPolicy
+    torchrun = launch.in_torchrun()
+    with usage():
+        cfg, world = check(args, torchrun)
+    if not torchrun and not args.quiet:
+        print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback, "
+              f"{launch.default_threads(world)} thread{'s' if launch.default_threads(world) > 1 else ''} "
+              f"each, {cfg.steps} steps)", file=sys.stderr, flush=True)
+    results = launch.run(_rank_main, world, args=(cfg, args.quiet, torchrun), timeout=args.timeout,
+                         watch=WatchdogPolicy(floor_s=args.stall_timeout))
+    if torchrun:
         if int(os.environ["RANK"]):
             return 0
-        results = [results]
-    console = Console()
-    r0 = results[0]
-    console.print(f"validation loss: " + ", ".join(f"step {s}: {v:.3f}" for s, v in r0.val)
-                  + f"   (uniform bytes: ln 256 = {math.log(256):.3f})")
-    rows = report.twins(cfg, world, results)
-    report.render(rows, console)
-    if args.json_report:
-        _write_json(args.json_report, report.to_json(cfg, world, results, rows))
-        console.print(f"wrote {args.json_report}")
+        results = results if isinstance(results, list) else [results]
+    _report(cfg, world, results, args.json_report, outputs)
     return 0
 
 
-def _write_json(path: str, data: dict) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+def _report(cfg: TrainConfig, world: int, results: list, path: str | None, outputs) -> None:
+    from rich.console import Console
+
+    from ..train import report
+    console = Console()
+    r0 = results[0]
+    console.print("validation loss: " + ", ".join(f"step {s}: {v:.3f}" for s, v in r0.val)
+                  + f"   (uniform bytes: ln 256 = {math.log(256):.3f})")
+    rows = report.twins(cfg, world, results)
+    report.render(rows, console)
+    if path:
+        outputs.write_text(path, json.dumps(report.to_json(cfg, world, results, rows), indent=1))
+        console.print(f"wrote {path}")

@@ -1,0 +1,173 @@
+"""Failure handling of the launcher and the command line: nothing hangs, nothing is orphaned, and
+each failure is one line naming the rank.
+
+- a frozen rank (SIGSTOP) and a deadlock stop the job through the progress watchdog and name the
+  rank(s) that did not complete the step;
+- SIGTERM and SIGINT to `ringzero train` stop every rank and end with one line, no traceback;
+- a killed parent (SIGKILL: no handler runs) takes its ranks with it;
+- a rank's runtime failure is one line with the rank's last stderr lines, exit 1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from ringzero import launch
+from ringzero.watchdog import WatchdogPolicy, beacon
+
+QUICK = ["--seq", "16", "--micro-batch", "1", "--max-bytes", "65536", "--eval-every", "1000"]
+FAST_WATCH = WatchdogPolicy(floor_s=2.0, factor=20.0, warmup=1)
+
+
+def _steps(freeze_rank: int | None, freeze_at: int, how: str, steps: int = 50):
+    """Barrier-synchronised "steps"; rank `freeze_rank` freezes before step `freeze_at`."""
+    rank = dist.get_rank()
+    for k in range(steps):
+        if rank == freeze_rank and k == freeze_at:
+            if how == "sigstop":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            else:
+                time.sleep(3600)                     # alive (heartbeat ticks) but never arrives
+        dist.barrier()
+        beacon().step_done(k + 1)
+        time.sleep(0.05)
+    beacon().finished()
+    return rank
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_rank_is_named_by_the_watchdog():
+    t0 = time.monotonic()
+    with pytest.raises(launch.RankError) as err:
+        launch.spawn(_steps, 3, (1, 4, "sigstop"), timeout=100, watch=FAST_WATCH)
+    msg = err.value.summary
+    assert "no progress" in msg and "[1] are frozen" in msg, msg
+    assert "did not complete step 5" in msg, msg
+    assert time.monotonic() - t0 < 90           # long before the 100 s timeout
+
+
+@pytest.mark.timeout(120)
+def test_a_deadlock_is_stopped_and_says_every_rank_is_alive():
+    with pytest.raises(launch.RankError) as err:
+        launch.spawn(_steps, 2, (1, 3, "sleep"), timeout=100, watch=FAST_WATCH)
+    msg = err.value.summary
+    assert "ranks [0, 1] did not complete step 4" in msg and "all are alive" in msg, msg
+
+
+@pytest.mark.timeout(120)
+def test_the_watchdog_does_not_fire_on_a_healthy_job():
+    assert launch.spawn(_steps, 2, (None, 0, "sigstop", 30), timeout=100, watch=FAST_WATCH) == [0, 1]
+
+
+def _write_and_raise():
+    if dist.get_rank() == 1:
+        print("loading shard 7 of 8", file=sys.stderr, flush=True)
+        raise OSError("disk full on purpose")
+    dist.barrier()
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_rank_is_one_line_with_its_stderr_tail():
+    with pytest.raises(launch.RankError) as err:
+        launch.spawn(_write_and_raise, 2, timeout=100)
+    e = err.value
+    assert e.rank == 1 and "\n" not in e.summary, e.summary
+    assert e.summary == "rank 1 failed: OSError: disk full on purpose"
+    assert e.stderr_tail == ("loading shard 7 of 8",)
+    assert "Traceback" in e.details
+
+
+def _cli(*argv: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "ringzero.cli", "train", *argv], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _ranks_of(pid: int) -> list[int]:
+    """Pids of the spawned rank processes under `pid` (not multiprocessing's resource tracker)."""
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(c) for c in f.read().split()]
+    ranks = []
+    for c in out:
+        try:
+            with open(f"/proc/{c}/cmdline", "rb") as f:
+                if b"spawn_main" in f.read():
+                    ranks.append(c)
+        except OSError:
+            pass
+    return sorted(ranks)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for_step(proc: subprocess.Popen, nproc: int) -> list[int]:
+    """Block until rank 0 logged a step; return the rank pids."""
+    for line in proc.stdout:
+        if line.startswith("step "):
+            break
+    ranks = _ranks_of(proc.pid)
+    assert len(ranks) == nproc, ranks
+    return ranks
+
+
+def _gone(pids: list[int], within: float = 15.0) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sig, code, words", [(signal.SIGTERM, 128 + 15, "SIGTERM"),
+                                              (signal.SIGINT, 128 + 2, "interrupted")])
+def test_a_signal_to_the_parent_stops_every_rank_with_one_line(sig, code, words):
+    proc = _cli("--nproc", "2", "--steps", "100000", "--log-every", "1", *QUICK)
+    ranks = _wait_for_step(proc, 2)
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)             # Ctrl-C reaches the whole foreground group
+    else:
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    lines = [ln for ln in err.splitlines() if not ln.startswith("ringzero: starting")]
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in err, err
+    assert _gone(ranks), "ranks outlived their parent"
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_parent_takes_its_ranks_along():
+    proc = _cli("--nproc", "2", "--steps", "100000", "--log-every", "1", *QUICK)
+    ranks = _wait_for_step(proc, 2)
+    proc.kill()                                          # SIGKILL: no handler of the parent runs
+    proc.wait(timeout=30)
+    assert _gone(ranks), "ranks were orphaned"
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_killed_mid_run_is_one_line_exit_1():
+    proc = _cli("--nproc", "2", "--steps", "100000", "--log-every", "1", *QUICK)
+    ranks = _wait_for_step(proc, 2)
+    os.kill(ranks[1], signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    lines = [ln for ln in err.splitlines() if not ln.startswith("ringzero: starting")]
+    assert len(lines) == 1 and "rank 1 died" in lines[0], err
+    assert _gone(ranks)
