@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from functools import cached_property
 
-from .chunks import SEGMENT_BYTES, chunk_sizes, n_segments
+from .chunks import SEGMENT_BYTES, Chunks, Listed, as_chunks, chunk_sizes, n_segments
 
 # (collective, algorithm) -> module under ringzero.plan.volumes (the function is named after the collective)
 MODULES: dict[tuple[str, str], str] = {
@@ -53,8 +54,10 @@ class Call:
     algorithm: str
     n: int
     """Ranks in the group."""
-    sizes: tuple[int, ...] = ()
-    """Chunk element counts (length n). Empty for all_to_all, which uses `matrix`."""
+    sizes: tuple[int, ...] | Chunks = ()
+    """Chunk element counts (length n): any tuple, or `Chunks` for the near-equal cut of `call_for`
+    (O(1) per question, so that a formula never lists a million ranks). Empty for all_to_all, which
+    uses `matrix`."""
     itemsize: int = 4
     """Bytes per element."""
     root: int = 0
@@ -66,9 +69,14 @@ class Call:
     segment_bytes: int = SEGMENT_BYTES
     """Pipelining segment of the ring algorithms."""
 
+    @cached_property
+    def chunks(self) -> Chunks | Listed:
+        """`sizes` with the `Chunks` interface (bounds, spans, histogram)."""
+        return as_chunks(self.sizes)
+
     @property
     def count(self) -> int:
-        return sum(self.sizes) if self.sizes else sum(map(sum, self.matrix))
+        return self.chunks.total if self.sizes else sum(map(sum, self.matrix))
 
     @property
     def segment_elems(self) -> int:
@@ -92,13 +100,9 @@ def call_for(collective: str, algorithm: str, n: int, count: int, itemsize: int 
         row = tuple(chunk_sizes(count, n))
         return Call(collective=collective, algorithm=algorithm, n=n, itemsize=itemsize,
                     matrix=tuple(row for _ in range(n)))
-    if collective in WHOLE_BUFFER:
-        sizes = tuple(chunk_sizes(count, n))
-    else:
-        if count % n:
-            raise ValueError(f"{collective} on {n} ranks needs a count divisible by {n}, got {count}")
-        sizes = (count // n,) * n
-    return Call(collective=collective, algorithm=algorithm, n=n, sizes=sizes, itemsize=itemsize,
+    if collective not in WHOLE_BUFFER and count % n:
+        raise ValueError(f"{collective} on {n} ranks needs a count divisible by {n}, got {count}")
+    return Call(collective=collective, algorithm=algorithm, n=n, sizes=Chunks(count, n), itemsize=itemsize,
                 root=root, ranks_per_node=ranks_per_node)
 
 
@@ -190,6 +194,18 @@ def volume(call: Call, rank: int) -> Volume:
         return Volume()
     module = importlib.import_module(f"ringzero.plan.volumes.{MODULES[key]}")
     return getattr(module, call.collective)(call, rank)
+
+
+def busiest(call: Call) -> int:
+    """The rank whose traffic bounds the call: the root of a rooted collective, else rank 0 (naive's
+    parameter server, the tree's root, hierarchical's first leader; on a ring every rank moves the
+    same up to one element per chunk), except under MPICH's fold (butterfly, recursive doubling and
+    halving, Rabenseifner on n not a power of two: Thakur, Rabenseifner & Gropp 2005 §4.1), where
+    rank 0 only hands its buffer to rank 1, which does its own work and rank 0's."""
+    folds = MODULES.get((call.collective, call.algorithm)) in ("butterfly", "rabenseifner")
+    if folds and call.n & (call.n - 1):
+        return 1
+    return call.root if call.collective in ROOTED else 0
 
 
 def volumes(call: Call) -> list[Volume]:

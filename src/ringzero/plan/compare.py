@@ -48,7 +48,8 @@ class Row:
 
 
 def _degree(planned: int, gpus: int, limit=lambda d: True) -> tuple[int, bool]:
-    """The plan's degree if > 1, else the largest valid degree <= gpus (at least 2)."""
+    """The plan's degree if > 1, else the largest valid degree <= gpus (at least 2). Callers cap
+    `gpus` first (a node, the layers), so the search below is short whatever the GPU count."""
     if planned > 1:
         return planned, False
     d = max(2, gpus)
@@ -103,7 +104,7 @@ def tp_row(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int = 8) -
 
 def pp_row(m: ModelShape, tr: Training, par: Parallel) -> Row:
     """Activations forward and gradients backward across the p-1 stage boundaries."""
-    p, what_if = _degree(par.pp, par.gpus, lambda d: d <= m.layers)
+    p, what_if = _degree(par.pp, min(par.gpus, m.layers))
     b, s, h, k = tr.micro_batch, m.seq, m.hidden, tr.bytes_per_value
     split = par.tp if par.sequence_parallel else 1
     one = (b * s * h // split) * k

@@ -232,18 +232,16 @@ def _try(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> Estimate |
         return None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _splits(m: ModelShape, gpus: int, max_tp: int) -> list[tuple[int, int, int]]:
-    """(dp, tp, pp) with dp·tp·pp = gpus, tp | heads, tp | kv heads, tp <= max_tp, pp | layers."""
+    """(dp, tp, pp) with dp·tp·pp = gpus, tp | heads, tp | kv heads, tp <= max_tp, pp | layers,
+    tp and pp ascending. Only tp <= min(max_tp, heads) and the divisors of the layers are tried, so
+    the split takes O(max_tp + layers) steps whatever the GPU count."""
     out = []
-    for tp in _divisors(gpus):
-        if tp > max_tp or m.heads % tp or m.kv % tp:
+    for tp in range(1, min(max_tp, m.heads, gpus) + 1):
+        if gpus % tp or m.heads % tp or m.kv % tp:
             continue
-        for pp in _divisors(gpus // tp):
-            if m.layers % pp == 0:
+        for pp in range(1, m.layers + 1):
+            if m.layers % pp == 0 and (gpus // tp) % pp == 0:
                 out.append((gpus // (tp * pp), tp, pp))
     return out
 

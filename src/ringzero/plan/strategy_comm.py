@@ -2,8 +2,9 @@
 
 Each strategy is a list of `CommOp`s: a collective on a group, how often it runs per optimizer
 step, and its exact traffic from `plan.comm_volume.volume` (the formulas the traffic meter is
-tested against), taken on group rank 0, the busiest rank of every algorithm (the root of naive and
-tree, a node leader of hierarchical). Φ below is the gradient/weight bytes one model-parallel
+tested against), taken on the group's busiest rank (`comm_volume.busiest`: the root of naive and
+tree, a node leader of hierarchical, the rank that absorbs a folded one in butterfly and
+Rabenseifner on a group that is not a power of two). Φ below is the gradient/weight bytes one model-parallel
 rank owns (Ψ/(tp·pp) parameters x 2 bytes in 16-bit precision); b, s, h a micro-batch.
 
 - DP (ZeRO-0): one all-reduce of Φ per step (gradient accumulation communicates only on the last
@@ -31,7 +32,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .comm_volume import Volume, call_for, volume
+from .comm_volume import Volume, busiest, call_for, volume
 from .config import Parallel, Training
 from .shapes import ModelShape, param_count
 from .volumes import hierarchical
@@ -79,11 +80,12 @@ class CommOp:
 
 @lru_cache(maxsize=65536)
 def op_volume(collective: str, algorithm: str, n: int, count: int, itemsize: int, node_size: int) -> Volume:
-    """Rank 0's traffic for one call (cached: the search asks for the same calls many times)."""
+    """The busiest rank's traffic for one call (cached: the search asks for the same calls many times)."""
     if collective == "send_recv":
         return Volume(bytes_sent=count * itemsize, bytes_recv=count * itemsize,
                       messages_sent=1, messages_recv=1, rounds=1)
-    return volume(call_for(collective, algorithm, n, count, itemsize, ranks_per_node=node_size), 0)
+    call = call_for(collective, algorithm, n, count, itemsize, ranks_per_node=node_size)
+    return volume(call, busiest(call))
 
 
 @lru_cache(maxsize=65536)

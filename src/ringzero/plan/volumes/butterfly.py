@@ -22,7 +22,7 @@ Other n (MPICH's fold): ranks r >= 2·rem are plain survivors (the formulas abov
 
 from __future__ import annotations
 
-from ..chunks import bounds_from_sizes, pof2_floor
+from ..chunks import pof2_floor
 from ..comm_volume import Call, Tally, Volume
 
 
@@ -40,13 +40,19 @@ def first_rank(v: int, rem: int) -> int:
     return 2 * v if v < rem else v + rem
 
 
-def doubling_rounds(t: Tally, sb: list[int], p: int, v: int) -> None:
-    """Survivor v's recursive-doubling rounds over survivor blocks sb (length p+1), in elements."""
+def survivor_bounds(bound, rem: int):
+    """Offset of survivor u's first chunk, `bound` giving the offset of an original rank's chunk."""
+    return lambda u: bound(first_rank(u, rem))
+
+
+def doubling_rounds(t: Tally, sb, p: int, v: int) -> None:
+    """Survivor v's recursive-doubling rounds over survivor blocks, sb(u) = the offset of block u
+    (u = 0..p), in elements: log2 p lookups, never a list of the p blocks."""
     mask = 1
     while mask < p:
         mine = v - v % mask
         theirs = mine ^ mask
-        t.step([sb[mine + mask] - sb[mine]], [sb[theirs + mask] - sb[theirs]])
+        t.step([sb(mine + mask) - sb(mine)], [sb(theirs + mask) - sb(theirs)])
         mask <<= 1
 
 
@@ -61,17 +67,17 @@ def all_reduce(call: Call, rank: int) -> Volume:
 
 
 def all_gather(call: Call, rank: int) -> Volume:
-    n, b = call.n, bounds_from_sizes(list(call.sizes))
+    n, b = call.n, call.chunks.bound
     p, rem, v = fold(n, rank)
     t = Tally(call.itemsize)
     if v < 0:
         t.step(send=[call.sizes[rank]])
-        t.step(recv=[b[rank], b[n] - b[rank + 1]])
+        t.step(recv=[b(rank), b(n) - b(rank + 1)])
         return t.volume()
     keeper = rank < 2 * rem
     if keeper:
         t.step(recv=[call.sizes[rank - 1]])
-    doubling_rounds(t, [b[first_rank(u, rem)] for u in range(p + 1)], p, v)
+    doubling_rounds(t, survivor_bounds(b, rem), p, v)
     if keeper:
-        t.step(send=[b[rank - 1], b[n] - b[rank]])
+        t.step(send=[b(rank - 1), b(n) - b(rank)])
     return t.volume()

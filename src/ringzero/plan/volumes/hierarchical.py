@@ -15,7 +15,7 @@ The rank's volume is the sum of its parts.
 
 from __future__ import annotations
 
-from ..chunks import chunk_sizes
+from ..chunks import Chunks
 from ..comm_volume import Call, Volume
 from . import ring, tree
 
@@ -31,7 +31,7 @@ def parts(call: Call, rank: int) -> tuple[Volume, Volume]:
     m = -(-n // k)
     if local or m == 1:
         return intra, Volume()
-    leaders = Call(collective="all_reduce", algorithm="ring", n=m, sizes=tuple(chunk_sizes(count, m)),
+    leaders = Call(collective="all_reduce", algorithm="ring", n=m, sizes=Chunks(count, m),
                    itemsize=call.itemsize, segment_bytes=call.segment_bytes)
     return intra, ring.all_reduce(leaders, rank // k)
 

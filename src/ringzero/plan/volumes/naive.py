@@ -39,10 +39,6 @@ def _nonempty(sizes) -> int:
     return sum(1 for x in sizes if x > 0)
 
 
-def _others(call: Call, root: int) -> list[int]:
-    return [call.sizes[p] for p in range(call.n) if p != root]
-
-
 def reduce(call: Call, rank: int) -> Volume:
     S, m = call.count, call.n - 1
     if rank == call.root:
@@ -58,9 +54,10 @@ def broadcast(call: Call, rank: int) -> Volume:
 
 
 def gather(call: Call, rank: int) -> Volume:
-    if rank == call.root:
-        rest = _others(call, rank)
-        return _volume(call, 0, sum(rest), 0, _nonempty(rest), int(sum(rest) > 0))
+    if rank == call.root:      # every chunk but the root's own, one message per non-empty chunk
+        sizes, own = call.chunks, call.sizes[rank]
+        rest = sizes.total - own
+        return _volume(call, 0, rest, 0, sizes.nonempty() - (own > 0), int(rest > 0))
     own = call.sizes[rank]
     return _volume(call, own, 0, int(own > 0), 0, int(own > 0))
 

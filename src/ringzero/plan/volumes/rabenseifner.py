@@ -22,35 +22,36 @@ chunk_sizes(count, p) for the survivors.
 
 from __future__ import annotations
 
-from ..chunks import bounds_from_sizes, chunk_bounds
+from ..chunks import Chunks
 from ..comm_volume import Call, Tally, Volume
-from .butterfly import doubling_rounds, first_rank, fold
+from .butterfly import doubling_rounds, fold, survivor_bounds
 
 
-def halving_rounds(t: Tally, sb: list[int], p: int, v: int) -> None:
-    """Survivor v's recursive-halving rounds over survivor blocks sb (length p+1), in elements."""
+def halving_rounds(t: Tally, sb, p: int, v: int) -> None:
+    """Survivor v's recursive-halving rounds over survivor blocks, sb(u) = the offset of block u
+    (u = 0..p), in elements."""
     lo, hi, mask = 0, p, p >> 1
     while mask:
         mid = lo + mask
         keep, give = ((mid, hi), (lo, mid)) if v & mask else ((lo, mid), (mid, hi))
-        kept = sb[keep[1]] - sb[keep[0]]
-        t.step([sb[give[1]] - sb[give[0]]], [kept], reduce=kept)
+        kept = sb(keep[1]) - sb(keep[0])
+        t.step([sb(give[1]) - sb(give[0])], [kept], reduce=kept)
         lo, hi = keep
         mask >>= 1
 
 
 def reduce_scatter(call: Call, rank: int) -> Volume:
-    n, b = call.n, bounds_from_sizes(list(call.sizes))
+    n, count = call.n, call.count
     p, rem, v = fold(n, rank)
     t = Tally(call.itemsize)
     if v < 0:
-        t.step(send=[b[n]])
+        t.step(send=[count])
         t.step(recv=[call.sizes[rank]])
         return t.volume()
     keeper = rank < 2 * rem
     if keeper:
-        t.step(recv=[b[n]], reduce=b[n])
-    halving_rounds(t, [b[first_rank(u, rem)] for u in range(p + 1)], p, v)
+        t.step(recv=[count], reduce=count)
+    halving_rounds(t, survivor_bounds(call.chunks.bound, rem), p, v)
     if keeper:
         t.step(send=[call.sizes[rank - 1]])
     return t.volume()
@@ -67,7 +68,7 @@ def all_reduce(call: Call, rank: int) -> Volume:
     keeper = rank < 2 * rem
     if keeper:
         t.step(recv=[count], reduce=count)
-    sb = chunk_bounds(count, p)
+    sb = Chunks(count, p).bound
     halving_rounds(t, sb, p, v)
     doubling_rounds(t, sb, p, v)
     if keeper:

@@ -10,31 +10,38 @@ chunk but (r + shift + 1) and receives every chunk but (r + shift): with equal c
 
 from __future__ import annotations
 
-from collections import Counter
-
-from ..chunks import n_segments
+from ..chunks import Chunks, n_segments
 from ..comm_volume import Call, Tally, Volume
 
 
 def _phase(call: Call, rank: int, shift: int, reduce: bool, t: Tally) -> None:
-    """One phase in closed form (the planner prices rings of thousands of ranks): rank r sends every
+    """One phase in closed form (the planner prices rings of millions of ranks): rank r sends every
     chunk but e_out = r + shift + 1 and receives every chunk but e_in = r + shift (mod n); a step
     counts as a round when it moves a non-empty chunk either way."""
-    n, sizes, seg = call.n, call.sizes, call.segment_elems
+    n, sizes, seg = call.n, call.chunks, call.segment_elems
     e_out, e_in = sizes[(rank + shift + 1) % n], sizes[(rank + shift) % n]
-    total = sum(sizes)
-    pieces = sum(k * n_segments(size, seg) for size, k in Counter(sizes).items())
-    if min(sizes) > 0:
-        rounds = n - 1
-    else:
-        rounds = sum(1 for s in range(n - 1)
-                     if sizes[(rank + shift - s) % n] or sizes[(rank + shift - s - 1) % n])
-    t.rounds += rounds
+    total = sizes.total
+    pieces = sum(k * n_segments(size, seg) for size, k in sizes.histogram().items())
+    t.rounds += _rounds(sizes, n, rank + shift)
     t.sent += total - e_out
     t.recv += total - e_in
     t.msgs_sent += pieces - n_segments(e_out, seg)
     t.msgs_recv += pieces - n_segments(e_in, seg)
     t.reduced += (total - e_in) if reduce else 0
+
+
+def _rounds(sizes, n: int, first: int) -> int:
+    """Steps s = 0..n-2 that move chunk j = first - s or j - 1 (mod n) with one of them non-empty.
+
+    Every chunk non-empty: n - 1. Near-equal chunks of count < n elements (chunks 0..count-1 hold
+    one each): step s is quiet iff j lies in count+1..n-1, and j takes every value but
+    first + 1 (mod n), so the rounds are count + [first + 1 (mod n) >= count + 1]."""
+    if sizes.nonempty() == n:
+        return n - 1
+    if isinstance(sizes, Chunks):
+        count = sizes.total
+        return count + ((first + 1) % n >= count + 1)
+    return sum(1 for s in range(n - 1) if sizes[(first - s) % n] or sizes[(first - s - 1) % n])
 
 
 def reduce_scatter(call: Call, rank: int) -> Volume:

@@ -20,12 +20,12 @@ from .ring import _phase as ring_phase
 
 
 def broadcast(call: Call, rank: int) -> Volume:
-    n, sizes = call.n, call.sizes
+    n, sizes = call.n, call.chunks
     t = Tally(call.itemsize)
     recv, sends = scatter_schedule(n, (rank - call.root) % n)
     if recv is not None:
-        t.step([], [sum(sizes[recv[1]:recv[2]])])
+        t.step([], [sizes.span(recv[1], recv[2])])
     for _, lo, hi in sends:
-        t.step([sum(sizes[lo:hi])], [])
+        t.step([sizes.span(lo, hi)], [])
     ring_phase(call, rank, -call.root, False, t)
     return t.volume()

@@ -33,13 +33,14 @@ def _n_children(vr: int, n: int) -> int:
 
 
 def _range_pieces(sizes, root: int, lo: int, hi: int) -> list[int]:
-    """Element counts of the messages carrying relative ranks [lo, hi): one, or two if it wraps."""
+    """Element counts of the messages carrying relative ranks [lo, hi): one, or two if it wraps
+    (`sizes` has the `chunks.Chunks` interface)."""
     n = len(sizes)
     a = (lo + root) % n
     b = a + hi - lo
     if b <= n:
-        return [sum(sizes[a:b])]
-    return [sum(sizes[a:n]), sum(sizes[:b - n])]
+        return [sizes.span(a, b)]
+    return [sizes.span(a, n), sizes.span(0, b - n)]
 
 
 def whole(n: int, count: int, itemsize: int, vr: int, up: bool) -> Volume:
@@ -79,9 +80,9 @@ def _ranges(call: Call, rank: int):
     n, root = call.n, call.root
     vr = (rank - root) % n
     top = _top(vr, n)
-    kids = [_range_pieces(call.sizes, root, vr + (1 << k), min(vr + (1 << (k + 1)), n))
+    kids = [_range_pieces(call.chunks, root, vr + (1 << k), min(vr + (1 << (k + 1)), n))
             for k in range(top) if vr + (1 << k) < n]
-    parent = _range_pieces(call.sizes, root, vr, min(vr + (1 << top), n)) if vr else None
+    parent = _range_pieces(call.chunks, root, vr, min(vr + (1 << top), n)) if vr else None
     return parent, kids
 
 
