@@ -3,17 +3,35 @@
 Drop-in for `torch.distributed` (same signatures, group ranks, sub-groups) with `algorithm=`:
 "auto" (least predicted time under the calibrated α-β-γ model), "torch" (the backend's own), or a
 named algorithm (see `ringzero.comm.registry.TABLE`). `TrafficMeter` records every byte.
+
+The names below are imported on first use (PEP 562), so that the torch-free parts of the package
+(`registry`, `config`, `select`) can be read by the planner and the command line without importing
+torch.
 """
 
-from .api import all_gather, all_gather_into_tensor, all_reduce, broadcast, reduce
-from .api_movement import all_to_all, gather, reduce_scatter, reduce_scatter_tensor, scatter
-from .config import CommConfig, configure, get_config, set_config
-from .meter import Traffic, TrafficMeter
-from .ops import Op
-from .registry import COLLECTIVES, algorithms
+from __future__ import annotations
 
-__all__ = [
-    "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-    "reduce_scatter_tensor", "gather", "scatter", "all_to_all", "TrafficMeter", "Traffic", "Op",
-    "CommConfig", "configure", "get_config", "set_config", "COLLECTIVES", "algorithms",
-]
+import importlib
+
+_EXPORTS = {
+    "all_reduce": "api", "reduce": "api", "broadcast": "api", "all_gather": "api",
+    "all_gather_into_tensor": "api", "reduce_scatter": "api_movement", "reduce_scatter_tensor": "api_movement",
+    "gather": "api_movement", "scatter": "api_movement", "all_to_all": "api_movement",
+    "TrafficMeter": "meter", "Traffic": "meter", "Op": "ops",
+    "CommConfig": "config", "configure": "config", "get_config": "config", "set_config": "config",
+    "COLLECTIVES": "registry", "algorithms": "registry",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
