@@ -31,32 +31,53 @@ def _copy_back(t: torch.Tensor, flat: torch.Tensor) -> None:
         t.copy_(flat.view(t.shape))
 
 
-def _prepare(collective, algorithm, group, dtype, op, count, root=-1, extra=None, extra_check=None,
-             choice_count=None):
-    """Validate and return (group size, rank, resolved algorithm), or None if not in the group.
+def _prepare(collective, algorithm, group, describe):
+    """Validate the call, run the handshake when checks are on, and choose the algorithm.
 
-    `count` is what every rank must agree on; `choice_count` (default `count`) the whole buffer
-    `select.choose` prices, in the convention of `plan.comm_volume.call_for`. A callable gets the
-    group size.
+    `describe(n, rank)` reads the arguments, raises ValueError/TypeError on a bad combination, and
+    returns the `check.Call` fields that are not common to every collective (dtype, count, op, ...;
+    `priced` is the whole buffer `select.choose` prices, in the convention of
+    `plan.comm_volume.call_for`). Returns (group size, rank, call, algorithm to run), or None if
+    this rank is not in the group. With checks on, a rank whose arguments fail still joins the
+    handshake, so every rank raises its error instead of waiting for it.
     """
-    registry.check_name(collective, algorithm)
-    check_dtype(dtype, op, collective)
     if group is None:
         group = dist.group.WORLD
     if group == dist.GroupMember.NON_GROUP_MEMBER:
         return None
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    if root != -1 and not 0 <= root < n:
+    cfg = get_config()
+    if not cfg.checks or n == 1:
+        call = _call(collective, algorithm, n, rank, describe)
+        return n, rank, call, _choose(call, n)
+    seq = check.next_call(group)  # before the arguments are read: a call left on an exception counts
+    call = chosen = error = None
+    try:
+        call = _call(collective, algorithm, n, rank, describe)
+        chosen = _choose(call, n)
+    except (ValueError, TypeError) as exc:
+        error = exc
+    node = cfg.node_size(n) if chosen == "hierarchical" else 0
+    check.verify(group, seq, call, chosen, node, collective, algorithm, error)
+    return n, rank, call, chosen
+
+
+def _call(collective, algorithm, n, rank, describe) -> check.Call:
+    """`describe`'s fields, and the checks every collective shares (name, dtype and op, root)."""
+    registry.check_name(collective, algorithm)
+    fields = describe(n, rank)
+    check_dtype(fields["dtype"], fields.get("op"), collective)
+    root = fields.get("root")
+    if root is not None and not 0 <= root < n:
         raise ValueError(f"{collective}: root {root} is not a rank of this group (size {n})")
-    if get_config().checks and n > 1:
-        sig = check.signature(collective, algorithm, op, dtype, count, root)
-        check.verify(group, collective, sig, extra, extra_check)
-    if algorithm == "auto":
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        whole = count if choice_count is None else choice_count
-        whole = whole(n) if callable(whole) else whole
-        algorithm = select.choose(collective, n, whole * itemsize, get_config().node_size(n))
-    return n, rank, algorithm
+    return check.Call(collective=collective, algorithm=algorithm, **fields)
+
+
+def _choose(call: check.Call, n: int) -> str:
+    if call.algorithm != "auto":
+        return call.algorithm
+    whole = call.count if call.priced is None else call.priced
+    return select.choose(call.collective, n, whole * call.dtype.itemsize, get_config().node_size(n))
 
 
 def _comm(collective, algorithm, group, ref: torch.Tensor, op: Op) -> TorchComm:
@@ -78,47 +99,47 @@ def _avg(t: torch.Tensor, op: Op, n: int) -> None:
 
 
 def all_reduce(tensor, op=SUM, group=None, algorithm="auto"):
-    op = parse_op(op)
-    prep = _prepare("all_reduce", algorithm, group, tensor.dtype, op, tensor.numel())
+    prep = _prepare("all_reduce", algorithm, group, lambda n, rank: dict(
+        dtype=tensor.dtype, count=tensor.numel(), op=parse_op(op)))
     if prep is None or tensor.numel() == 0:
         return
-    n, _, algorithm = prep
+    n, _, call, algorithm = prep
     flat = _flat(tensor)
     if algorithm == "torch":
-        _torch_call("all_reduce", dist.all_reduce, flat, op=torch_op(op), group=group)
+        _torch_call("all_reduce", dist.all_reduce, flat, op=torch_op(call.op), group=group)
     else:
-        registry.resolve("all_reduce", algorithm)(_comm("all_reduce", algorithm, group, flat, op),
+        registry.resolve("all_reduce", algorithm)(_comm("all_reduce", algorithm, group, flat, call.op),
                                                  flat, chunk_bounds(flat.numel(), n))
     _copy_back(tensor, flat)
-    _avg(tensor, op, n)
+    _avg(tensor, call.op, n)
 
 
 def reduce(tensor, dst, op=SUM, group=None, algorithm="auto"):
-    op = parse_op(op)
-    prep = _prepare("reduce", algorithm, group, tensor.dtype, op, tensor.numel(), dst)
+    prep = _prepare("reduce", algorithm, group, lambda n, rank: dict(
+        dtype=tensor.dtype, count=tensor.numel(), op=parse_op(op), root=dst))
     if prep is None or tensor.numel() == 0:
         return
-    n, rank, algorithm = prep
+    n, rank, call, algorithm = prep
     # Non-root ranks work on a copy: algorithms accumulate into their buffer, and a caller's input
     # on a non-root rank is left as it was.
     flat = _flat(tensor) if rank == dst else tensor.reshape(-1).clone()
     if algorithm == "torch":
         gdst = dist.get_global_rank(group, dst) if group is not None else dst
-        _torch_call("reduce", dist.reduce, flat, gdst, op=torch_op(op), group=group)
+        _torch_call("reduce", dist.reduce, flat, gdst, op=torch_op(call.op), group=group)
     else:
-        registry.resolve("reduce", algorithm)(_comm("reduce", algorithm, group, flat, op),
+        registry.resolve("reduce", algorithm)(_comm("reduce", algorithm, group, flat, call.op),
                                              flat, chunk_bounds(flat.numel(), n), dst)
     if rank == dst:
         _copy_back(tensor, flat)
-    if rank == dst:
-        _avg(tensor, op, n)
+        _avg(tensor, call.op, n)
 
 
 def broadcast(tensor, src, group=None, algorithm="auto"):
-    prep = _prepare("broadcast", algorithm, group, tensor.dtype, None, tensor.numel(), src)
+    prep = _prepare("broadcast", algorithm, group, lambda n, rank: dict(
+        dtype=tensor.dtype, count=tensor.numel(), root=src))
     if prep is None or tensor.numel() == 0:
         return
-    n, _, algorithm = prep
+    n, _, _, algorithm = prep
     flat = _flat(tensor)
     if algorithm == "torch":
         gsrc = dist.get_global_rank(group, src) if group is not None else src
@@ -135,15 +156,16 @@ def _gather_like(collective, algorithm, group, out_flat, bounds, *root):
 
 
 def all_gather_into_tensor(output, input, group=None, algorithm="auto"):
-    prep = _prepare("all_gather", algorithm, group, input.dtype, None, output.numel())
-    if prep is None:
+    def describe(n, rank):
+        if output.numel() != n * input.numel() or output.dtype != input.dtype:
+            raise ValueError(f"all_gather_into_tensor: output must have {n} x {input.numel()} elements "
+                             f"of {input.dtype}, got {output.numel()} of {output.dtype}")
+        return dict(dtype=input.dtype, count=output.numel())
+
+    prep = _prepare("all_gather", algorithm, group, describe)
+    if prep is None or output.numel() == 0:
         return
-    n, rank, algorithm = prep
-    if output.numel() != n * input.numel() or output.dtype != input.dtype:
-        raise ValueError(f"all_gather_into_tensor: output must have {n} x {input.numel()} elements of "
-                         f"{input.dtype}, got {output.numel()} of {output.dtype}")
-    if output.numel() == 0:
-        return
+    n, rank, _, algorithm = prep
     if algorithm == "torch":
         return _torch_call("all_gather", backend.all_gather_single, output, input, group=group)
     flat = _flat(output)
@@ -153,24 +175,41 @@ def all_gather_into_tensor(output, input, group=None, algorithm="auto"):
     _copy_back(output, flat)
 
 
+def _list_sizes(collective, role, tensors, n, rank, mine, whose) -> tuple[int, ...]:
+    """The numel of each tensor of a list argument, checked against the group and this rank's tensor.
+
+    Every rank must pass the same sizes (the handshake compares them); algorithm "torch" needs
+    them equal, the others accept uneven ones.
+    """
+    sizes = tuple(t.numel() for t in tensors)
+    if len(sizes) != n or sizes[rank] != mine:
+        raise ValueError(f"{collective}: {role} needs {n} tensors and entry {rank} the {whose}'s {mine} "
+                         f"elements; got {len(sizes)} tensors of sizes {list(sizes)}")
+    return sizes
+
+
 def all_gather(tensor_list, tensor, group=None, algorithm="auto"):
-    sizes = [t.numel() for t in tensor_list]
-    prep = _prepare("all_gather", algorithm, group, tensor.dtype, None, sum(sizes))
+    def describe(n, rank):
+        sizes = _list_sizes("all_gather", "tensor_list", tensor_list, n, rank, tensor.numel(), "input")
+        _torch_needs_equal("all_gather", algorithm, sizes, "ring, recursive_doubling and naive")
+        return dict(dtype=tensor.dtype, count=sum(sizes), sizes=sizes)
+
+    prep = _prepare("all_gather", algorithm, group, describe)
     if prep is None:
         return
-    n, rank, algorithm = prep
-    if len(tensor_list) != n or sizes[rank] != tensor.numel():
-        raise ValueError(f"all_gather: tensor_list needs {n} tensors and entry {rank} the input's "
-                         f"{tensor.numel()} elements; got {len(tensor_list)} tensors of sizes {sizes}")
+    _, rank, call, algorithm = prep
     if algorithm == "torch":
-        if len(set(sizes)) > 1:
-            raise ValueError(f"all_gather: algorithm 'torch' needs equal tensor sizes, got {sizes}; "
-                             f"ring, recursive_doubling and naive accept uneven ones")
         return _torch_call("all_gather", dist.all_gather, tensor_list, tensor, group=group)
-    bounds = bounds_from_sizes(sizes)
+    bounds = bounds_from_sizes(call.sizes)
     flat = torch.empty(bounds[-1], dtype=tensor.dtype, device=tensor.device)
     flat[bounds[rank]:bounds[rank + 1]].copy_(tensor.reshape(-1))
     if bounds[-1]:
         _gather_like("all_gather", algorithm, group, flat, bounds)
     for i, t in enumerate(tensor_list):
         t.copy_(flat[bounds[i]:bounds[i + 1]].view(t.shape))
+
+
+def _torch_needs_equal(collective, algorithm, sizes, others) -> None:
+    if algorithm == "torch" and len(set(sizes)) > 1:
+        raise ValueError(f"{collective}: algorithm 'torch' needs equal tensor sizes, got {list(sizes)}; "
+                         f"{others} accept uneven ones")

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from ..plan.chunks import bounds_from_sizes
 from . import backend, registry
-from .api import SUM, _avg, _comm, _flat, _prepare, _torch_call
+from .api import SUM, _avg, _comm, _list_sizes, _prepare, _torch_call, _torch_needs_equal
 from .ops import Op, parse_op, torch_op
 
 
@@ -22,67 +22,70 @@ def _cat(tensors, dtype, device) -> torch.Tensor:
 
 
 def reduce_scatter_tensor(output, input, op=SUM, group=None, algorithm="auto"):
-    op = parse_op(op)
-    prep = _prepare("reduce_scatter", algorithm, group, input.dtype, op, input.numel())
-    if prep is None:
+    def describe(n, rank):
+        if input.numel() != n * output.numel() or output.dtype != input.dtype:
+            raise ValueError(f"reduce_scatter_tensor: input must have {n} x {output.numel()} elements "
+                             f"of {output.dtype}, got {input.numel()} of {input.dtype}")
+        return dict(dtype=input.dtype, count=input.numel(), op=parse_op(op))
+
+    prep = _prepare("reduce_scatter", algorithm, group, describe)
+    if prep is None or input.numel() == 0:
         return
-    n, rank, algorithm = prep
-    if input.numel() != n * output.numel() or output.dtype != input.dtype:
-        raise ValueError(f"reduce_scatter_tensor: input must have {n} x {output.numel()} elements of "
-                         f"{output.dtype}, got {input.numel()} of {input.dtype}")
-    if input.numel() == 0:
-        return
+    n, rank, call, algorithm = prep
     if algorithm == "torch":
-        _torch_call("reduce_scatter", backend.reduce_scatter_single, output, input, op=torch_op(op), group=group)
+        _torch_call("reduce_scatter", backend.reduce_scatter_single, output, input, op=torch_op(call.op),
+                    group=group)
     else:
         work = input.reshape(-1).clone()  # the algorithm reduces in place; the input stays intact
         bounds = bounds_from_sizes([output.numel()] * n)
-        registry.resolve("reduce_scatter", algorithm)(_comm("reduce_scatter", algorithm, group, work, op),
-                                                     work, bounds)
-        output.copy_(work[bounds[rank]:bounds[rank + 1]].view(output.shape))
-    _avg(output, op, n)
+        _reduce_scatter(algorithm, group, work, bounds, rank, output, call.op)
+    _avg(output, call.op, n)
 
 
 def reduce_scatter(output, input_list, op=SUM, group=None, algorithm="auto"):
-    op = parse_op(op)
-    sizes = [t.numel() for t in input_list]
-    prep = _prepare("reduce_scatter", algorithm, group, output.dtype, op, sum(sizes))
-    if prep is None:
+    def describe(n, rank):
+        sizes = _list_sizes("reduce_scatter", "input_list", input_list, n, rank, output.numel(), "output")
+        _torch_needs_equal("reduce_scatter", algorithm, sizes, "ring, recursive_halving and naive")
+        return dict(dtype=output.dtype, count=sum(sizes), op=parse_op(op), sizes=sizes)
+
+    prep = _prepare("reduce_scatter", algorithm, group, describe)
+    if prep is None or not sum(prep[2].sizes):
         return
-    n, rank, algorithm = prep
-    if len(input_list) != n or sizes[rank] != output.numel():
-        raise ValueError(f"reduce_scatter: input_list needs {n} tensors and entry {rank} the output's "
-                         f"{output.numel()} elements; got {len(input_list)} tensors of sizes {sizes}")
-    if sum(sizes) == 0:
-        return
+    n, rank, call, algorithm = prep
     if algorithm == "torch":
-        if len(set(sizes)) > 1:
-            raise ValueError(f"reduce_scatter: algorithm 'torch' needs equal tensor sizes, got {sizes}; "
-                             f"ring, recursive_halving and naive accept uneven ones")
-        _torch_call("reduce_scatter", dist.reduce_scatter, output, input_list, op=torch_op(op), group=group)
+        _torch_call("reduce_scatter", dist.reduce_scatter, output, input_list, op=torch_op(call.op),
+                    group=group)
     else:
         work = _cat(input_list, output.dtype, output.device)
-        bounds = bounds_from_sizes(sizes)
-        registry.resolve("reduce_scatter", algorithm)(_comm("reduce_scatter", algorithm, group, work, op),
-                                                     work, bounds)
-        output.copy_(work[bounds[rank]:bounds[rank + 1]].view(output.shape))
-    _avg(output, op, n)
+        _reduce_scatter(algorithm, group, work, bounds_from_sizes(call.sizes), rank, output, call.op)
+    _avg(output, call.op, n)
+
+
+def _reduce_scatter(algorithm, group, work, bounds, rank, output, op) -> None:
+    """Run the algorithm on the whole `work` buffer and copy this rank's reduced chunk to `output`."""
+    registry.resolve("reduce_scatter", algorithm)(_comm("reduce_scatter", algorithm, group, work, op),
+                                                 work, bounds)
+    output.copy_(work[bounds[rank]:bounds[rank + 1]].view(output.shape))
+
+
+def _rooted(collective, role, tensor, lst, root, n, rank):
+    """The fields of gather/scatter; `lst` (gather_list / scatter_list) is needed on the root only."""
+    if rank == root and (lst is None or len(lst) != n or any(
+            t.numel() != tensor.numel() or t.dtype != tensor.dtype for t in lst)):
+        raise ValueError(f"{collective}: rank {root} ({'dst' if collective == 'gather' else 'src'}) needs "
+                         f"{role} of {n} tensors of {tensor.dtype} with {tensor.numel()} elements each")
+    if rank != root and lst:
+        raise ValueError(f"{collective}: {role} must be None on rank {rank}, which is not "
+                         f"{'dst' if collective == 'gather' else 'src'} {root}")
+    return dict(dtype=tensor.dtype, count=tensor.numel(), root=root, priced=n * tensor.numel())
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
-    prep = _prepare("gather", algorithm, group, tensor.dtype, None, tensor.numel(), dst,
-                    choice_count=lambda n: n * tensor.numel())
-    if prep is None:
+    prep = _prepare("gather", algorithm, group,
+                    lambda n, rank: _rooted("gather", "gather_list", tensor, gather_list, dst, n, rank))
+    if prep is None or tensor.numel() == 0:
         return
-    n, rank, algorithm = prep
-    if rank == dst and (gather_list is None or len(gather_list) != n
-                        or any(t.numel() != tensor.numel() for t in gather_list)):
-        raise ValueError(f"gather: rank {dst} (dst) needs gather_list of {n} tensors with "
-                         f"{tensor.numel()} elements each")
-    if rank != dst and gather_list:
-        raise ValueError(f"gather: gather_list must be None on rank {rank}, which is not dst {dst}")
-    if tensor.numel() == 0:
-        return
+    n, rank, _, algorithm = prep
     if algorithm == "torch":
         gdst = dist.get_global_rank(group, dst) if group is not None else dst
         return _torch_call("gather", dist.gather, tensor, gather_list, dst=gdst, group=group)
@@ -96,19 +99,11 @@ def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
 
 
 def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
-    prep = _prepare("scatter", algorithm, group, tensor.dtype, None, tensor.numel(), src,
-                    choice_count=lambda n: n * tensor.numel())
-    if prep is None:
+    prep = _prepare("scatter", algorithm, group,
+                    lambda n, rank: _rooted("scatter", "scatter_list", tensor, scatter_list, src, n, rank))
+    if prep is None or tensor.numel() == 0:
         return
-    n, rank, algorithm = prep
-    if rank == src and (scatter_list is None or len(scatter_list) != n
-                        or any(t.numel() != tensor.numel() or t.dtype != tensor.dtype for t in scatter_list)):
-        raise ValueError(f"scatter: rank {src} (src) needs scatter_list of {n} tensors of {tensor.dtype} "
-                         f"with {tensor.numel()} elements each")
-    if rank != src and scatter_list:
-        raise ValueError(f"scatter: scatter_list must be None on rank {rank}, which is not src {src}")
-    if tensor.numel() == 0:
-        return
+    n, rank, _, algorithm = prep
     if algorithm == "torch":
         gsrc = dist.get_global_rank(group, src) if group is not None else src
         return _torch_call("scatter", dist.scatter, tensor, scatter_list, src=gsrc, group=group)
@@ -122,39 +117,30 @@ def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="auto"):
-    send_sizes = [t.numel() for t in input_tensor_list]
-    recv_sizes = [t.numel() for t in output_tensor_list]
-    ref = input_tensor_list[0] if input_tensor_list else None
-    if ref is None or len(input_tensor_list) != len(output_tensor_list):
-        raise ValueError("all_to_all: input and output lists must be non-empty and of the same length")
+    def describe(n, rank):
+        if not input_tensor_list or len(input_tensor_list) != len(output_tensor_list):
+            raise ValueError("all_to_all: input and output lists must be non-empty and of the same length")
+        if len(input_tensor_list) != n:
+            raise ValueError(f"all_to_all: lists need {n} tensors (the group size), "
+                             f"got {len(input_tensor_list)}")
+        send = tuple(t.numel() for t in input_tensor_list)
+        recv = tuple(t.numel() for t in output_tensor_list)
+        _torch_needs_equal("all_to_all", algorithm, send + recv, "pairwise and naive")
+        # "auto" must choose the same algorithm on every rank, and an uneven all-to-all gives each
+        # rank a different local size; so it prices the rank-independent count 0 (latency only).
+        return dict(dtype=input_tensor_list[0].dtype, count=0, send=send, recv=recv, priced=0)
 
-    def sizes_agree(rows):  # rank i's send to j must be rank j's receive from i
-        m = len(rows)
-        for i in range(m):
-            for j in range(m):
-                if rows[i][j] != rows[j][m + i]:
-                    return (f"rank {i} sends {rows[i][j]} elements to rank {j}, "
-                            f"which expects {rows[j][m + i]}")
-        return None
-
-    # "auto" must choose the same algorithm on every rank, and an uneven all-to-all gives each
-    # rank a different local size; so it prices the rank-independent count 0 (latency only).
-    prep = _prepare("all_to_all", algorithm, group, ref.dtype, None, 0,
-                    extra=send_sizes + recv_sizes, extra_check=sizes_agree)
+    prep = _prepare("all_to_all", algorithm, group, describe)
     if prep is None:
         return
-    n, rank, algorithm = prep
-    if len(input_tensor_list) != n:
-        raise ValueError(f"all_to_all: lists need {n} tensors (the group size), got {len(input_tensor_list)}")
+    _, _, call, algorithm = prep
     if algorithm == "torch":
-        if len(set(send_sizes + recv_sizes)) > 1:
-            raise ValueError(f"all_to_all: algorithm 'torch' needs equal tensor sizes, got {send_sizes}; "
-                             f"pairwise and naive accept uneven ones")
         return _torch_call("all_to_all", dist.all_to_all, output_tensor_list, input_tensor_list, group=group)
+    ref = input_tensor_list[0]
     sbuf = _cat(input_tensor_list, ref.dtype, ref.device)
-    rbuf = torch.empty(sum(recv_sizes), dtype=ref.dtype, device=ref.device)
-    rbounds = bounds_from_sizes(recv_sizes)
+    rbuf = torch.empty(sum(call.recv), dtype=ref.dtype, device=ref.device)
+    rbounds = bounds_from_sizes(call.recv)
     registry.resolve("all_to_all", algorithm)(_comm("all_to_all", algorithm, group, sbuf, Op.SUM),
-                                             sbuf, bounds_from_sizes(send_sizes), rbuf, rbounds)
+                                             sbuf, bounds_from_sizes(call.send), rbuf, rbounds)
     for i, t in enumerate(output_tensor_list):
         t.copy_(rbuf[rbounds[i]:rbounds[i + 1]].view(t.shape))

@@ -13,19 +13,37 @@ import threading
 from dataclasses import dataclass
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "0").lower() in ("1", "true", "yes", "on")
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _checks_from_env() -> bool:
+    """RINGZERO_CHECKS when set, else whether TORCH_DISTRIBUTED_DEBUG is DETAIL."""
+    value = os.environ.get("RINGZERO_CHECKS", "").strip().lower()
+    if value in _ON or value in _OFF:
+        return value in _ON
+    if value:
+        raise ValueError(f"RINGZERO_CHECKS={os.environ['RINGZERO_CHECKS']!r}: use 1 or 0 "
+                         f"(or {'/'.join(_ON[1:])}, {'/'.join(_OFF[1:])})")
+    return os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL"
 
 
 @dataclass(frozen=True, kw_only=True)
 class CommConfig:
+    """How `ringzero.comm` runs its collectives. Each field's default comes from the environment
+    when the config is built: `checks` follows RINGZERO_CHECKS, or TORCH_DISTRIBUTED_DEBUG=DETAIL as
+    torch users expect, and RINGZERO_CHECKS=0 overrides DETAIL."""
+
     ranks_per_node: int | None = None
     """Ranks per node for `hierarchical` (and the two-tier cost model). None: LOCAL_WORLD_SIZE
     under torchrun, else RINGZERO_RANKS_PER_NODE, else the whole group is one node."""
 
-    checks: bool = dataclasses.field(default_factory=lambda: _env_flag("RINGZERO_CHECKS"))
-    """Before each collective, all-gather a few integers (collective, algorithm, op, dtype, count,
-    root) and raise on every rank if they disagree, instead of hanging. RINGZERO_CHECKS=1 turns it on."""
+    checks: bool = dataclasses.field(default_factory=_checks_from_env)
+    """Before each collective, all-gather a few integers describing the call (`comm.check`: call
+    number on the group, collective, algorithm, op, dtype, count, root, list sizes) and raise the
+    same error on every rank if they disagree, instead of hanging or returning garbage. It costs
+    one small backend all-gather per collective. Default: RINGZERO_CHECKS (1/0, true/false,
+    yes/no, on/off) when set, else on when TORCH_DISTRIBUTED_DEBUG=DETAIL (torch's switch for its
+    own collective consistency checks), else off; RINGZERO_CHECKS=0 turns it off even under DETAIL."""
 
     calibration: str | None = None
     """Calibration file for algorithm="auto"; None: RINGZERO_CALIBRATION, else the default path."""
