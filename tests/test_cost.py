@@ -168,3 +168,17 @@ def test_seconds_prices_any_algorithm_and_torch(tmp_path, monkeypatch):
     assert select.seconds("all_reduce", "torch", 4, MiB) == _t("all_reduce", "ring", 4, MiB, torch_model)
     with pytest.raises(ValueError, match="backend's own broadcast"):
         select.seconds("broadcast", "torch", 4, MiB)
+
+
+def test_calibrating_from_one_message_size_is_refused():
+    """One size: α and β are collinear and the fit would put β = 0 (see `cost.check_sizes`)."""
+    rows = [r for r in _synthetic_rows(ALPHA_BOUND) if r["count"] * 4 in range(MiB - 64, MiB + 1)]
+    assert len(rows) >= len(FEATURES)
+    with pytest.raises(ValueError, match=r"at least 2x apart .* got 1048560B to 1MiB") as err:
+        cost.fit(rows)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="got 1KiB to 1536B"):
+        cost.check_sizes([1024, 1536])
+    with pytest.raises(ValueError, match="got 1MiB;"):
+        cost.check_sizes([MiB])
+    cost.check_sizes([KiB, 2 * KiB])

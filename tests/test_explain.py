@@ -103,11 +103,30 @@ def test_json_totals_equal_the_planner(capsys):
     (["reduce", "--root", "4"], "allowed: 0..3"),
     (["all-gather", "--root", "1"], "--root applies only"),
     (["all-reduce", "--bytes", "lots"], "bad size"),
+    (["all-reduce", "--bytes", "3B"], "--bytes 3B holds no float32 element; allowed: 4 B or more"),
+    (["all-reduce", "--bytes", "0"], "--bytes 0 holds no float32 element"),
+    (["all-gather", "--bytes", "12", "--world", "4"], "no float32 element per rank on 4 ranks; allowed: 16 B"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(capsys, argv, needle):
     assert main(["explain", *argv]) == 2
     err = capsys.readouterr().err
     assert needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_smallest_sizes_that_hold_an_element_are_explained(capsys):
+    for argv, count in ((["all-reduce", "--bytes", "4"], 1), (["all-gather", "--bytes", "16"], 4)):
+        assert main(["explain", *argv, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["totals"]["count"] == count
+
+
+def test_a_failure_after_checking_is_not_bad_input(capsys, monkeypatch):
+    from ringzero.comm import explain as explain_mod
+
+    def buggy(*args, **kw):
+        raise ValueError("a bug in the walk-through")
+    monkeypatch.setattr(explain_mod, "explain", buggy)
+    assert main(["explain", "all-reduce"]) == 1
+    assert "a bug in the walk-through" in capsys.readouterr().err
 
 
 def test_names_accept_dash_and_underscore():

@@ -127,12 +127,75 @@ def test_quantity_parsers():
     (["--model", "gpt2", "--top", "0"], "--top must be >= 1"),
     (["--model", "gpt2", "--plot", "plan.svg"], "must name a .png file"),
     (["--model", "gpt2", "--plot", "/no/such/dir/plan.png"], "does not exist"),
+    (["--model", "gpt2", "--tokens", "-5B"], "--tokens must be > 0, got '-5B'"),
+    (["--model", "gpt2", "--tokens=-5B"], "--tokens must be > 0, got '-5B'"),
+    (["--model", "gpt2", "--tokens", "0"], "--tokens must be > 0, got '0'"),
+    (["--model", "gpt2", "--hbm", "-80GiB"], "--hbm must be > 0, got '-80GiB'"),
+    (["--model", "gpt2", "--inter-bw", "-25GB/s"], "--inter-bw must be > 0, got '-25GB/s'"),
+    (["--model", "gpt2", "--gpus", "16", "--gpus-per-node", "3"],
+     "--gpus 16 does not fill whole nodes of --gpus-per-node 3"),
+    (["--model", "gpt2", "--gpus", "12"], "--gpus 12 does not fill whole nodes of --gpus-per-node 8"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message, capsys):
     code, out, err = _main(["plan", *argv], capsys)
     assert code == 2 and out == ""
     assert err.startswith("ringzero: error: ") and len(err.strip().splitlines()) == 1
     assert message in err
+
+
+def test_nodes_that_fill_or_one_node_are_accepted(capsys):
+    for argv in (["--gpus", "16", "--gpus-per-node", "4"], ["--gpus", "2", "--gpus-per-node", "3"],
+                 ["--gpus", "12", "--gpus-per-node", "6"]):
+        code, _, err = _main(["plan", "--model", "gpt2", *argv, "--json"], capsys)
+        assert code == 0, (argv, err)
+
+
+def test_a_bad_output_path_fails_before_the_plan_is_computed(tmp_path, capsys, monkeypatch):
+    def never(*args, **kw):
+        raise AssertionError("computed before the output path was checked")
+    monkeypatch.setattr(plan_cmd, "estimate", never)
+    for path in (tmp_path / "missing" / "m.png", tmp_path):
+        code, out, err = _main([*SPEC, "--plot", str(path)], capsys)
+        assert code == 2 and out == "" and "--plot" in err and len(err.strip().splitlines()) == 1
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_plot_is_written_atomically(tmp_path, capsys, monkeypatch):
+    """A failure while writing leaves neither the PNG nor a temporary file, and is not bad input."""
+    import matplotlib.figure
+    def broken(self, f, **kw):
+        f.write(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", broken)
+    code, out, err = _main([*SPEC, "--plot", str(tmp_path / "m.png")], capsys)
+    assert code == 1 and str(tmp_path / "m.png") in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_plan_that_fails_after_checking_is_not_bad_input(capsys, monkeypatch):
+    def buggy(*args, **kw):
+        raise ValueError("a bug in the computation")
+    monkeypatch.setattr(plan_cmd, "estimate", buggy)
+    code, _, err = _main(SPEC, capsys)
+    assert code == 1 and "a bug in the computation" in err
+
+
+def test_no_message_counts_one_thing_in_the_plural(capsys):
+    """"1 GPU", never "1 GPUs" (or "1 micro-batches", "1 sequences", "1 configs")."""
+    code, out, err = _main(["plan", "--model", "gpt2", "--gpus", "1", "--gpus-per-node", "1", "--search",
+                            "--top", "2"], capsys)
+    assert code == 0, err
+    text = " ".join(out.split())
+    assert "1 GPU " in text and "over 1 GPU " in text and "on 1 GPU," in text
+    for wrong in ("1 GPUs", "1 micro-batches", "1 sequences", " 1 configs"):
+        assert wrong not in text, wrong
+
+
+def test_memory_is_whole_bytes(capsys):
+    """Every byte count of the JSON is an int, activations (a fractional estimate) rounded up."""
+    for extra in ([], ["--pp", "2", "--tp", "2", "--sequence-parallel"], ["--zero", "3", "--offload", "cpu"]):
+        d = _json([*SPEC[:5], *extra], capsys)
+        assert all(type(v) is int for v in d["memory"].values()), d["memory"]
 
 
 def test_plot_writes_a_png_and_nothing_else(tmp_path, capsys):

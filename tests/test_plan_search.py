@@ -182,3 +182,14 @@ def test_space_accepts_lists_and_drops_duplicates():
 def test_bad_arguments_raise(gpus, top):
     with pytest.raises(ValueError):
         search(model("gpt2"), Training(), hardware("a100-80gb"), gpus, top=top)
+
+
+def test_ties_in_step_time_go_to_the_layout_with_less_memory():
+    """Sequence parallelism moves the same bytes as its all-reduce: equal step time, less memory."""
+    r = search(model("llama-2-7b"), Training(), hardware("a100-80gb"), 8, top=12)
+    steps = [b.time.step for b in r.best]
+    assert len(set(steps)) < len(steps), "no tie to test"
+    for a, b in zip(r.best, r.best[1:]):
+        if a.time.step == b.time.step:
+            assert a.memory.total <= b.memory.total, (label(a), label(b))
+    assert r.best[0].parallel.sequence_parallel

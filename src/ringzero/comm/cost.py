@@ -217,17 +217,47 @@ def _own_model(vols: list[list[Volume]], times: np.ndarray, shared: AlphaBetaGam
     return _fit_rows(vols, times) if np.median(held) < OWN_MARGIN * np.median(base) else None
 
 
+SIZE_SPREAD = 2.0
+"""The largest message a calibration measures must be at least this many times its smallest."""
+
+
+def check_sizes(nbytes) -> None:
+    """Refuse message sizes from which α and β cannot both be fitted.
+
+    At one message size every call of a world moves the same bytes in the same rounds, so the
+    per-round cost α and the per-byte cost β are collinear and least squares puts the time on one
+    of them (β = 0 in practice): a calibration that looks fine and mispredicts every other size.
+    nccl-tests is run as a sweep (-b 8 -e 128M -f 2) for the same reason, so a sweep is what its
+    users expect; refusing costs one flag, a silent β = 0 would mislead every later "auto" pick.
+    """
+    sizes = sorted({int(b) for b in nbytes if b > 0})
+    if not sizes or sizes[-1] < SIZE_SPREAD * sizes[0]:
+        shown = ("none" if not sizes else _size(sizes[0]) if len(sizes) == 1
+                 else f"{_size(sizes[0])} to {_size(sizes[-1])}")
+        raise ValueError(f"calibration needs message sizes at least {SIZE_SPREAD:g}x apart to fit both "
+                         f"α (per round) and β (per byte), got {shown}; give e.g. --sizes 4KiB,1MiB,16MiB")
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
+
+
 def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None) -> Calibration:
     """Fit the shared model (and, if asked, one per algorithm) to measured rows.
 
     Rows of the backend's own collective ("torch", "auto") and of calls that move nothing are
-    ignored: they have no volume formula, or nothing to fit.
+    ignored: they have no volume formula, or nothing to fit. Rows of a single message size are
+    refused (`check_sizes`).
     """
     rows = [r for r in rows if r["algorithm"] not in ("torch", "auto") and r["world"] > 1
             and r["count"] > 0 and r["time_us"] > 0]
     if len(rows) < len(FEATURES):
         raise ValueError(f"calibration needs at least {len(FEATURES)} measured rows of ringzero's "
                          f"algorithms on 2+ ranks, got {len(rows)}")
+    check_sizes(r["count"] * r.get("itemsize", 4) for r in rows)
     vols = [row_volumes(r) for r in rows]
     times = np.array([r["time_us"] * 1e-6 for r in rows])
     shared = _fit_rows(vols, times)

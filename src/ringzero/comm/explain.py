@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import usage
 from ..plan.comm_volume import ROOTED, WHOLE_BUFFER, Volume, call_for, volume
 from . import registry, symbolic
 # SEEDS is unused here but re-exported: it, as_dict and render were defined in this module.
@@ -157,16 +158,28 @@ def _at(snapshots, step: int) -> tuple:
     return [buf for s, buf in snapshots if s <= step][-1]
 
 
-def totals(collective: str, algorithm: str, world: int, nbytes: int, root: int = 0,
-           ranks_per_node: int | None = None) -> tuple[int, list[Volume]]:
-    """The planner's per-rank traffic for a float32 message of about `nbytes` (element count, list).
-
-    Collectives whose buffer is one equal chunk per rank round the count down to a multiple of
-    `world`, as `call_for` requires.
-    """
+def element_count(collective: str, world: int, nbytes: int) -> int:
+    """float32 elements the totals use for about `nbytes`: whole elements, and for collectives whose
+    buffer is one equal chunk per rank a multiple of `world` (as `call_for` requires)."""
     count = max(0, nbytes) // ITEMSIZE
     if collective not in WHOLE_BUFFER and collective != "all_to_all":
         count -= count % world
+    return count
+
+
+def check_bytes(collective: str, world: int, nbytes: int, text: str) -> None:
+    """Refuse a --bytes that holds no element (the totals would silently describe an empty call)."""
+    if element_count(collective, world, nbytes) == 0:
+        whole = collective in WHOLE_BUFFER or collective == "all_to_all"
+        least = ITEMSIZE if whole else ITEMSIZE * world
+        per = "" if whole else f" per rank on {world} ranks"
+        raise ValueError(f"--bytes {text} holds no float32 element{per}; allowed: {least} B or more")
+
+
+def totals(collective: str, algorithm: str, world: int, nbytes: int, root: int = 0,
+           ranks_per_node: int | None = None) -> tuple[int, list[Volume]]:
+    """The planner's per-rank traffic for a float32 message of about `nbytes` (element count, list)."""
+    count = element_count(collective, world, nbytes)
     call = call_for(collective, algorithm, world, count, ITEMSIZE, root, ranks_per_node)
     return count, [volume(call, r) for r in range(world)]
 
@@ -194,10 +207,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    collective = normalize(args.collective)
-    algorithm = args.algorithm or ("ring" if "ring" in registry.TABLE[collective]
-                                   else registry.algorithms(collective)[0])
-    nbytes = parse_bytes(args.bytes)
+    with usage():
+        collective = normalize(args.collective)
+        algorithm = args.algorithm or ("ring" if "ring" in registry.TABLE[collective]
+                                       else registry.algorithms(collective)[0])
+        _check(collective, algorithm, args.world, args.root, args.ranks_per_node)
+        nbytes = parse_bytes(args.bytes)
+        check_bytes(collective, args.world, nbytes, args.bytes)
     try:
         ex = explain(collective, algorithm, args.world, args.root, args.ranks_per_node)
     except symbolic.SymbolicError as exc:

@@ -5,8 +5,9 @@
     ringzero plan --model gpt3-175b --gpus 1024 --tp 8 --pp 8 --days 30 --json
 
 Parsing and checking only; the numbers come from `ringzero.plan.estimate` (and `.search`,
-`.recommend`), the tables from `plan_render`, the figure from `plan_plot`. Every bad value is a
-ValueError: one line naming the flag and what is allowed, exit code 2.
+`.recommend`), the tables from `plan_render`, the figure from `plan_plot`. Every flag is checked
+before anything is computed (`errors.usage`): a bad value is one line naming the flag and what is
+allowed, exit code 2; an error after that is a failure of the computation, exit code 1.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import dataclasses
 import json
 import re
 
+from ..errors import usage
 from ..plan import config
 from ..plan.config import Parallel, Training
 from ..plan.estimate import estimate, to_dict
-from ..plan.hardware import HARDWARE, Hardware, hardware
+from ..plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
 from ..plan.presets import MODELS, TRAINED_TOKENS, model
 from ..plan.shapes import NORMS, POSITIONS, ModelShape
 
@@ -41,11 +43,22 @@ _BYTES = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
 _BITS = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
 
 
-def _split(text: str, flag: str) -> tuple[float, str]:
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+_UNSIGNED = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
+NEGATIVE_VALUE = re.compile(rf"^-{_UNSIGNED}[a-z]*(?:/s)?$", re.IGNORECASE)
+"""A negative quantity with a unit ("-5B", "-80GiB", "-1e9"): a flag's value, not an option."""
+
+
+def _split(text: str, flag: str, given: str | None = None) -> tuple[float, str]:
+    """(number, unit) of a positive quantity such as '300B' or '1.5e9' (`given`: the flag's whole
+    value, for the error)."""
+    given = text if given is None else given
+    m = re.fullmatch(rf"\s*([+-]?{_UNSIGNED})\s*([a-z]*)\s*", text.lower())
     if not m:
-        raise ValueError(f"{flag}={text!r} is not a number")
-    return float(m.group(1)), m.group(2)
+        raise ValueError(f"{flag}={given!r} is not a number")
+    value = float(m.group(1))
+    if not value > 0:
+        raise ValueError(f"{flag} must be > 0, got {given!r}")
+    return value, m.group(2)
 
 
 def parse_count(text: str, flag: str = "--tokens") -> float:
@@ -61,7 +74,7 @@ def parse_bytes(text: str, flag: str, per_second: bool = False) -> float:
     body = text.strip()
     if per_second and body.lower().endswith("/s"):
         body = body[:-2]
-    value, unit = _split(body, flag)
+    value, unit = _split(body, flag, text)
     factor = _BYTES.get(unit) or (_BITS.get(unit) if per_second else None)
     if factor is None:
         units = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB" + (" (/s), Gbit/s" if per_second else "")
@@ -71,6 +84,10 @@ def parse_bytes(text: str, flag: str, per_second: bool = False) -> float:
 
 def add_arguments(parser) -> None:
     parser.description = __doc__.splitlines()[0].split(": ", 1)[1]
+    # argparse takes only plain numbers ("-5") for values and reads "--tokens -5B" as a flag
+    # missing its value; widen its test so that a negative quantity reaches our one-line check.
+    if hasattr(parser, "_negative_number_matcher"):
+        parser._negative_number_matcher = NEGATIVE_VALUE
     g = parser.add_argument_group("model (a preset, or every shape flag; flags override a preset)")
     a = g.add_argument
     a("--model", help=f"preset: {', '.join(MODELS)}")
@@ -200,12 +217,16 @@ def check_output(args) -> None:
         check_path(args.plot)
 
 
-def run_search(args, e):
-    """`ringzero.plan.search` over the plan's model, training, hardware and GPU count."""
+def search_available() -> None:
     try:
-        from ..plan.search import search
+        import ringzero.plan.search  # noqa: F401
     except ImportError as exc:
         raise ValueError(f"--search is not available in this build ({exc})") from None
+
+
+def run_search(args, e):
+    """`ringzero.plan.search` over the plan's model, training, hardware and GPU count."""
+    from ..plan.search import search
     return search(e.model, e.training, e.hardware, e.parallel.gpus, top=args.top)
 
 
@@ -253,19 +274,30 @@ def as_flag(exc: ValueError) -> ValueError:
     return exc
 
 
-def build_estimate(args):
-    """The Estimate the flags describe."""
+def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
+    """The checked model, training, split and hardware the flags describe (ValueError naming the
+    flag otherwise)."""
     m = build_model(args)
     try:
         tr = build_training(args)
-        return estimate(m, tr, build_parallel(args, m), build_hardware(args), days=args.days)
+        par, hw = build_parallel(args, m), build_hardware(args)
+        tr.accumulation(par.dp)          # the global batch against micro-batch x dp
     except ValueError as exc:
         raise as_flag(exc) from None
+    n, k = par.gpus, hw.gpus_per_node
+    if not whole_nodes(n, k):
+        raise ValueError(f"--gpus {n} does not fill whole nodes of --gpus-per-node {k}; allowed: a multiple "
+                         f"of {k} GPUs, or a node size that divides {n} (or {n} or more: one node)")
+    return m, tr, par, hw
 
 
 def run(args) -> int:
-    check_output(args)
-    e = build_estimate(args)
+    with usage():
+        check_output(args)
+        m, tr, par, hw = build_inputs(args)
+        if args.search:
+            search_available()
+    e = estimate(m, tr, par, hw, days=args.days)
     found = run_search(args, e) if args.search else None
     if args.plot is not None:
         from .plan_plot import plot

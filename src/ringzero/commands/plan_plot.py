@@ -1,15 +1,13 @@
 """`ringzero plan --plot FILE.png`: memory per GPU as stacked bars for DP, ZeRO-1, ZeRO-2, ZeRO-3.
 
 The numbers are `ringzero.plan.compare.memory_by_stage` (every other setting as planned); the
-dashed line is the GPU's HBM. The PNG is written to a temporary file in the same directory and
-renamed, so a failed run never leaves a half-written file behind.
+dashed line is the GPU's HBM. The path is checked before the plan is computed (`outputs.check`)
+and the PNG written atomically (`outputs.write_with`): a failed run leaves no file behind.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
-
+from .. import outputs
 from ..plan.compare import memory_by_stage
 from ..plan.estimate import Estimate
 
@@ -21,18 +19,11 @@ def check_path(path: str) -> None:
     """Fail early (before any work) when `path` cannot be written as a PNG."""
     if not path.lower().endswith(".png"):
         raise ValueError(f"--plot {path!r} must name a .png file")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ValueError(f"--plot {path!r}: directory {folder!r} does not exist")
-    if os.path.isdir(path):
-        raise ValueError(f"--plot {path!r} is a directory; give a file name ending in .png")
-    if not os.access(folder, os.W_OK):
-        raise ValueError(f"--plot {path!r}: directory {folder!r} is not writable")
+    outputs.check(path, "--plot")
 
 
 def plot(e: Estimate, path: str) -> None:
     """Write the stacked bars of `e`'s model, training and parallel settings to `path`."""
-    check_path(path)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -52,21 +43,7 @@ def plot(e: Estimate, path: str) -> None:
     ax.set_title(f"{e.model.name} on {p.gpus} x {e.hardware.name} (dp {p.dp}, tp {p.tp}, pp {p.pp})")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    _save(fig, path)
-    plt.close(fig)
-
-
-def _save(fig, path: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".plan-", suffix=".png", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=120)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)     # mkstemp makes it private; a plot is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        outputs.write_with(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
+    finally:
+        plt.close(fig)

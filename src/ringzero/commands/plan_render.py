@@ -18,6 +18,7 @@ from ..plan.estimate import Estimate
 from ..plan.memory import state_bytes
 from ..plan.shapes import approx_params
 from ..plan.step_time import op_seconds
+from ..plan.words import gpus, plural
 
 GB, GiB = 1e9, 2**30
 UNITS = "GB = 10⁹ bytes, GiB = 2³⁰ bytes; bytes on the wire are what the busiest GPU sends"
@@ -81,16 +82,17 @@ def inputs(e: Estimate, tokens_from: str) -> Table:
     shape = (f"L={m.layers} h={m.hidden} heads={m.heads} kv_heads={m.kv} V={m.vocab} s={m.seq} "
              f"ffn={m.ffn_dim} gated={m.gated} bias={m.bias} tied={m.tied} {m.positions} {m.norm}")
     t.add_row("model", f"{m.name}: {shape}")
-    t.add_row("training", f"micro-batch {tr.micro_batch}, global batch {tr.sequences_per_step(p.dp)} "
-              f"sequences ({tr.accumulation(p.dp)} micro-batches per rank), {short(e.tokens)} tokens "
+    micro = plural(tr.accumulation(p.dp), "micro-batch", "micro-batches")
+    t.add_row("training", f"micro-batch {tr.micro_batch}, global batch "
+              f"{plural(tr.sequences_per_step(p.dp), 'sequence')} ({micro} per rank), {short(e.tokens)} tokens "
               f"({tokens_from}), {tr.precision}, {tr.optimizer}, dropout {tr.dropout}")
-    t.add_row("parallel", f"{p.gpus} GPUs = dp {p.dp} x tp {p.tp} x pp {p.pp}; ZeRO-{p.zero}, offload "
+    t.add_row("parallel", f"{gpus(p.gpus)} = dp {p.dp} x tp {p.tp} x pp {p.pp}; ZeRO-{p.zero}, offload "
               f"{p.offload}, sequence-parallel {p.sequence_parallel}, schedule {p.schedule}, "
               f"recompute {p.recompute}, flash-attention {p.flash_attention}, dp-algorithm "
               f"{p.dp_algorithm}, buckets {p.bucket_mb:g} MiB")
     t.add_row("hardware", f"{hw.name}: {hw.peak_flops / 1e12:g} TFLOP/s peak, HBM {gb(hw.hbm_bytes)} GB "
               f"({gib(hw.hbm_bytes)} GiB), NVLink {hw.intra_bw / GB:g} GB/s, network "
-              f"{hw.inter_bw / GB:g} GB/s per GPU per direction, {hw.gpus_per_node} GPUs/node, "
+              f"{hw.inter_bw / GB:g} GB/s per GPU per direction, {gpus(hw.gpus_per_node)} per node, "
               f"target MFU {hw.mfu:.0%}")
     return t
 
@@ -105,11 +107,11 @@ def size_and_compute(e: Estimate) -> Table:
     t.add_row("seed: N ≈ L(12h²+5h)", count(approx), f"{approx / pc.total:.3f} x exact")
     per_token = {"full": "8N (full recompute)", "selective": "6N + 4Lsh (selective recompute)"}
     t.add_row("FLOPs per step", f"{e.flops_per_step:.3e}",
-              f"{per_token.get(p.recompute, '6N')} x {e.tokens_per_step:,} tokens")
+              f"{per_token.get(p.recompute, '6N')} x {plural(e.tokens_per_step, 'token', spec=',')}")
     formula = {"full": "8ND", "selective": "(6N + 4Lsh)·D"}.get(p.recompute, "6ND")
     t.add_row("FLOPs total", f"{e.flops_total:.3e}", f"{formula}, D = {short(e.tokens)} tokens")
     days = flops.training_days(e.flops_total, p.gpus, hw.peak_flops, hw.mfu)
-    t.add_row("training days", num(days), f"{p.gpus} GPUs at the target MFU {hw.mfu:.0%}")
+    t.add_row("training days", num(days), f"{gpus(p.gpus)} at the target MFU {hw.mfu:.0%}")
     t.add_row("training days (modelled step)", num(e.tokens / e.tokens_per_s / 86400),
               f"at {num(e.tokens_per_s)} tokens/s")
     if e.days is not None:
@@ -181,7 +183,7 @@ def timing(e: Estimate) -> Table:
     t.add_row("pipeline bubble", seconds(s.bubble), f"{s.bubble_fraction:.1%} of the pipeline "
               f"({e.parallel.schedule})" if e.parallel.pp > 1 else "")
     t.add_row("offload", seconds(s.offload), e.parallel.offload if s.offload else "")
-    t.add_row("step", seconds(s.step), f"{e.tokens_per_step:,} tokens", style="bold")
+    t.add_row("step", seconds(s.step), plural(e.tokens_per_step, "token", spec=","), style="bold")
     t.add_row("tokens/s", num(e.tokens_per_s), f"{num(e.tokens_per_s / e.parallel.gpus)} per GPU")
     t.add_row("implied MFU", f"{e.mfu:.1%}", f"target {hw.mfu:.0%} (6N FLOPs per token)")
     return t
@@ -198,7 +200,7 @@ def advice_table(rec) -> Table | str:
 
 def search_table(found) -> Table:
     batch = getattr(found, "global_batch", 0)
-    on = f" on {found.best[0].parallel.gpus} GPUs" + (f", {batch:,} sequences per step" if batch else "")
+    on = f" on {gpus(found.best[0].parallel.gpus)}" + (f", {plural(batch, 'sequence', spec=',')} per step" if batch else "")
     t = _table(f"Search: the {len(found.best)} fastest configurations that fit{on}", "#", "dp", "tp",
                "pp", "zero", "micro-batch", "recompute", "sp", "memory GB", "step s", "tokens/s", "MFU",
                right=(0, 1, 2, 3, 4, 5, 8, 9, 10, 11))
@@ -227,7 +229,7 @@ def render(e: Estimate, *, tokens_from: str, advice=None, found=None, plot: str 
             c.print("[bold]Search[/]: no configuration fits")
         for line in found.why():
             c.print(f"  {line}")
-        c.print(f"evaluated {found.evaluated:,} configs in {found.seconds:.2f} s "
+        c.print(f"evaluated {plural(found.evaluated, 'config', spec=',')} in {found.seconds:.2f} s "
                 f"({found.rate:,.0f} configs/s), {found.fitting:,} fit in memory")
     if plot:
         c.print(f"wrote {plot}")

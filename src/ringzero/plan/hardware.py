@@ -82,3 +82,9 @@ def hardware(name: str) -> Hardware:
     if key not in HARDWARE:
         raise ValueError(f"unknown gpu {name!r}; allowed: {', '.join(HARDWARE)}")
     return HARDWARE[key]
+
+
+def whole_nodes(gpus: int, gpus_per_node: int) -> bool:
+    """Whether `gpus` GPUs fill whole nodes, or fit in one: the placement `strategy_comm` prices (a
+    group is inside a node when its span fits) assumes a job on more than one node fills each."""
+    return gpus <= gpus_per_node or gpus % gpus_per_node == 0

@@ -62,22 +62,22 @@ def state_bytes(precision: str, optimizer: str) -> StateBytes:
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes per GPU (the busiest one)."""
+    """Bytes per GPU (the busiest one), whole bytes: a fractional estimate is rounded up."""
 
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-    buffers: float
-    offloaded: float = 0.0
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    buffers: int
+    offloaded: int = 0
     """Optimizer bytes moved to CPU memory or NVMe (not in `total`)."""
 
     @property
-    def model_states(self) -> float:
+    def model_states(self) -> int:
         return self.params + self.grads + self.optimizer
 
     @property
-    def total(self) -> float:
+    def total(self) -> int:
         return self.model_states + self.activations + self.buffers
 
 
@@ -87,7 +87,7 @@ def model_parallel_params(n_params: int, tp: int = 1, pp: int = 1) -> int:
 
 
 def model_states(n_params: int, sb: StateBytes, dp: int = 1, zero: int = 0, tp: int = 1, pp: int = 1,
-                 offload: str = "none") -> tuple[float, float, float, float]:
+                 offload: str = "none") -> tuple[int, int, int, int]:
     """(params, grads, optimizer, offloaded) bytes per GPU for the ZeRO table above."""
     local = model_parallel_params(n_params, tp, pp)
     shard = math.ceil(local / dp)
@@ -95,8 +95,8 @@ def model_states(n_params: int, sb: StateBytes, dp: int = 1, zero: int = 0, tp: 
     grads = (shard if zero >= 2 else local) * sb.grads
     optimizer = (shard if zero >= 1 else local) * sb.optimizer
     if offload != "none":
-        return params, grads, 0.0, optimizer
-    return params, grads, optimizer, 0.0
+        return params, grads, 0, optimizer
+    return params, grads, optimizer, 0
 
 
 def zero_formula(n_params: float, dp: int, stage: int, k: int = 12) -> float:
@@ -106,8 +106,8 @@ def zero_formula(n_params: float, dp: int, stage: int, k: int = 12) -> float:
             3: (4 + k) * psi / dp}[stage]
 
 
-def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> float:
-    """Communication buffers (see the module doc)."""
+def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> int:
+    """Communication buffers (see the module doc), rounded up to whole bytes."""
     sb = state_bytes(tr.precision, tr.optimizer)
     counts = param_count(m)
     layer = counts.per_layer / par.tp
@@ -121,7 +121,7 @@ def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> float:
     if par.pp > 1:
         split = par.tp if par.sequence_parallel else 1
         buffers += 2 * tr.micro_batch * m.seq * m.hidden * tr.bytes_per_value / split
-    return buffers
+    return math.ceil(buffers)
 
 
 def memory(m: ModelShape, tr: Training, par: Parallel) -> Memory:
@@ -138,12 +138,13 @@ def memory(m: ModelShape, tr: Training, par: Parallel) -> Memory:
 
 @lru_cache(maxsize=65536)
 def _activations(m: ModelShape, b: int, microbatches: int, value_bytes: int, dropout: bool, pp: int,
-                 schedule: str, recompute: str, flash: bool, tp: int, sp: bool) -> float:
-    """`memory`'s activations: the blocks, plus the output layer without pipelining (cached: a search
-    asks again for every ZeRO stage and offload, which do not change them)."""
+                 schedule: str, recompute: str, flash: bool, tp: int, sp: bool) -> int:
+    """`memory`'s activations: the blocks, plus the output layer without pipelining, rounded up to
+    whole bytes (cached: a search asks again for every ZeRO stage and offload, which do not change
+    them)."""
     kw = dict(value_bytes=value_bytes, dropout=dropout, flash=flash, tp=tp, sp=sp)
     activations = act.activation_bytes(m, b, m.seq, pp=pp, microbatches=microbatches, schedule=schedule,
                                        recompute=recompute, **kw)
     if pp == 1:
         activations += act.head_bytes(m, b, m.seq, value_bytes=value_bytes, tp=tp)
-    return activations
+    return math.ceil(activations)

@@ -20,6 +20,7 @@ from .config import Parallel, Training
 from .hardware import Hardware
 from .memory import Memory, memory, state_bytes
 from .shapes import ModelShape, param_count
+from .words import gpus as _gpus
 
 GB = 1e9
 
@@ -86,7 +87,7 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
                   f"+ {_gb(mem.buffers)} buffers vs {_gb(hw.hbm_bytes)} HBM"))
     if ok:
         par = Parallel(dp=gpus, **base)
-        return Recommendation(steps, f"data parallel over {gpus} GPUs (ring all-reduce)", par)
+        return Recommendation(steps, f"data parallel over {_gpus(gpus)} (ring all-reduce)", par)
     sb = state_bytes(tr.precision, tr.optimizer)
     dominated = sb.optimizer > sb.weights + sb.grads
     steps.append(("Is memory mostly optimizer states?", "yes" if dominated else "no",
@@ -95,10 +96,10 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
     if dominated:
         for stage in (1, 2, 3):
             ok, mem = _fits(m, tr, Parallel(dp=gpus, zero=stage, **base), hw)
-            steps.append((f"Does ZeRO-{stage} over {gpus} GPUs fit?", "yes" if ok else "no",
+            steps.append((f"Does ZeRO-{stage} over {_gpus(gpus)} fit?", "yes" if ok else "no",
                           f"{_gb(mem.total)} per GPU vs {_gb(hw.hbm_bytes)}"))
             if ok and (stage < 3 or gpus <= hw.gpus_per_node):
-                return Recommendation(steps, f"ZeRO-{stage} over {gpus} GPUs",
+                return Recommendation(steps, f"ZeRO-{stage} over {_gpus(gpus)}",
                                       Parallel(dp=gpus, zero=stage, **base))
             if ok:
                 steps.append(("Is ZeRO-3 alone the best answer across nodes?", "not necessarily",
@@ -116,11 +117,11 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
         steps.append(("Is there a tensor x pipeline layout that fits?", "no",
                       f"no tp <= {hw.gpus_per_node} dividing the heads and pp dividing the layers fits; "
                       "ZeRO-3 does"))
-        return Recommendation(steps, f"ZeRO-3 over {gpus} GPUs", zero3)
+        return Recommendation(steps, f"ZeRO-3 over {_gpus(gpus)}", zero3)
     if par is None:
         steps.append(("Is there a 3D layout that fits?", "no",
-                      f"not with tensor parallel <= {hw.gpus_per_node} and ZeRO-1 on {gpus} GPUs"))
-        return Recommendation(steps, f"nothing fits on {gpus} GPUs: add GPUs, recompute, or offload", None)
+                      f"not with tensor parallel <= {hw.gpus_per_node} and ZeRO-1 on {_gpus(gpus)}"))
+        return Recommendation(steps, f"nothing fits on {_gpus(gpus)}: add GPUs, recompute, or offload", None)
     steps.append(("Is model parallelism needed (seed 004 §6.4)?", "yes",
                   f"{_layout(par)}: {_gb(memory(m, tr, par).total)} per GPU"))
     return Recommendation(steps, f"tp={par.tp} x pp={par.pp} x dp={par.dp}"

@@ -40,6 +40,7 @@ from .hardware import Hardware
 from .memory import Memory, memory
 from .shapes import ModelShape
 from .step_time import StepTime, comm_ops, step_time
+from .words import gpus, plural
 
 GB = 1e9
 
@@ -122,7 +123,8 @@ class SearchResult:
     """The ranked configurations of one search, and what it cost."""
 
     best: list[Estimate]
-    """Top-k fitting configurations, fastest step first (ties: the earlier, simpler split first)."""
+    """Top-k fitting configurations, fastest step first (ties: the one with less memory per GPU,
+    then the earlier, simpler split)."""
     evaluated: int
     """Configurations evaluated (memory and, when it fits, time)."""
     fitting: int
@@ -175,11 +177,11 @@ class SearchResult:
         its lighter neighbours (or why it needs what they lack) and over plain data parallelism."""
         if not self.best:
             if self.closest is None:
-                return [f"No configuration to evaluate on {self.gpus} GPUs: no dp x tp x pp split has tp "
+                return [f"No configuration to evaluate on {gpus(self.gpus)}: no dp x tp x pp split has tp "
                         "dividing the heads and kv heads (tp <= max_tp) and pp dividing the layers, with "
                         f"micro-batch x dp dividing the global batch of {self.global_batch}."]
             c = self.closest
-            return [f"Nothing fits: all {self.evaluated} configurations exceed {_gb(c.hardware.hbm_bytes)} HBM; "
+            return [f"Nothing fits: all {plural(self.evaluated, 'configuration')} exceed {_gb(c.hardware.hbm_bytes)} HBM; "
                     f"the leanest, {label(c)}, needs {_gb(c.memory.total)}."]
         b, hbm = self.best[0], self.best[0].hardware.hbm_bytes
         out = [f"{label(b)}: {b.time.step:.3g} s per step, {b.tokens_per_s:,.0f} tokens/s, MFU {b.mfu:.1%}, "
@@ -205,7 +207,7 @@ class SearchResult:
                        f"{b.time.exposed_comm:.3g} s of all communication is exposed.")
         if p.pp > 1:
             out.append(f"pp={p.pp} costs a {b.time.bubble_fraction:.1%} pipeline bubble ({b.time.bubble:.3g} s) "
-                       f"with {b.training.accumulation(p.dp)} micro-batches per step.")
+                       f"with {plural(b.training.accumulation(p.dp), 'micro-batch', 'micro-batches')} per step.")
         base = self.baseline()
         if base is not None and (base.parallel, base.training) != (p, b.training):
             out.append(_faster(b, base, "plain data parallelism") if base.fits else
@@ -285,17 +287,17 @@ def search(model: ModelShape, training: Training, hardware: Hardware, gpus: int,
     start = time.perf_counter()
     batch = training.global_batch or gpus * min(space.micro_batches)
     tr = dataclasses.replace(training, global_batch=batch)
-    ranked: list[tuple[float, int, Training, Parallel]] = []
+    ranked: list[tuple[float, float, int, Training, Parallel]] = []
     evaluated, leanest = 0, None
     for t, par in _configurations(model, tr, hardware, gpus, space):
         mem, time_ = _evaluate(model, t, par, hardware)
         evaluated += 1
         if time_ is not None:
-            ranked.append((time_.step, evaluated, t, par))
+            ranked.append((time_.step, mem.total, evaluated, t, par))
         elif leanest is None or mem.total < leanest[0]:
             leanest = (mem.total, t, par)
-    ranked.sort(key=lambda r: (r[0], r[1]))
-    best = [estimate(model, t, par, hardware) for _, _, t, par in ranked[:top]]
+    ranked.sort(key=lambda r: r[:3])       # fastest; on a tie the least memory per GPU, then the simplest
+    best = [estimate(model, t, par, hardware) for *_, t, par in ranked[:top]]
     closest = estimate(model, leanest[1], leanest[2], hardware) if not ranked and leanest else None
     return SearchResult(best=best, evaluated=evaluated, fitting=len(ranked), seconds=time.perf_counter() - start,
                         gpus=gpus, global_batch=batch, space=space, closest=closest)
