@@ -24,6 +24,7 @@ from ..plan.estimate import estimate, to_dict
 from ..plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
 from ..plan.presets import MODELS, TRAINED_TOKENS, model
 from ..plan.shapes import NORMS, POSITIONS, ModelShape
+from ..plan.units import NEGATIVE_VALUE, parse_bytes, parse_count  # noqa: F401  (parse_* are this module's API)
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "vocab", "seq", "ffn", "gated", "bias", "tied",
                "positions", "norm")
@@ -36,51 +37,6 @@ SHAPE_HELP = {"layers": "transformer blocks L", "hidden": "model width h", "head
               "vocab": "vocabulary size V", "seq": "sequence length s", "ffn": "MLP width (default 4h)",
               "gated": "gated MLP (SwiGLU, three matrices)", "bias": "biases on the linear layers",
               "tied": "output head shares the token embedding"}
-
-_SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
-_BYTES = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-_BITS = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
-
-
-_UNSIGNED = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
-NEGATIVE_VALUE = re.compile(rf"^-{_UNSIGNED}[a-z]*(?:/s)?$", re.IGNORECASE)
-"""A negative quantity with a unit ("-5B", "-80GiB", "-1e9"): a flag's value, not an option."""
-
-
-def _split(text: str, flag: str, given: str | None = None) -> tuple[float, str]:
-    """(number, unit) of a positive quantity such as '300B' or '1.5e9' (`given`: the flag's whole
-    value, for the error)."""
-    given = text if given is None else given
-    m = re.fullmatch(rf"\s*([+-]?{_UNSIGNED})\s*([a-z]*)\s*", text.lower())
-    if not m:
-        raise ValueError(f"{flag}={given!r} is not a number")
-    value = float(m.group(1))
-    if not value > 0:
-        raise ValueError(f"{flag} must be > 0, got {given!r}")
-    return value, m.group(2)
-
-
-def parse_count(text: str, flag: str = "--tokens") -> float:
-    """'300e9', '300B', '2T', '1.5M' -> a count (K, M, B or G, T, P: powers of 1000)."""
-    value, unit = _split(text, flag)
-    if unit not in _SCALE:
-        raise ValueError(f"{flag}={text!r}: unknown suffix {unit!r}; allowed: K, M, B (or G), T, P")
-    return value * _SCALE[unit]
-
-
-def parse_bytes(text: str, flag: str, per_second: bool = False) -> float:
-    """'80GB', '80GiB', '8.6e10' -> bytes; with `per_second`, '300GB/s', '200Gbit/s' -> bytes/s."""
-    body = text.strip()
-    if per_second and body.lower().endswith("/s"):
-        body = body[:-2]
-    value, unit = _split(body, flag, text)
-    factor = _BYTES.get(unit) or (_BITS.get(unit) if per_second else None)
-    if factor is None:
-        units = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB" + (" (/s), Gbit/s" if per_second else "")
-        raise ValueError(f"{flag}={text!r}: unknown unit {unit!r}; allowed: {units}")
-    return value * factor
-
 
 def add_arguments(parser) -> None:
     parser.description = __doc__.splitlines()[0].split(": ", 1)[1]
