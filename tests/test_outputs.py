@@ -13,7 +13,7 @@ from ringzero.errors import UsageError
 
 TRAIN = ["train", "--nproc", "2", "--steps", "1", "--seq", "16", "--micro-batch", "1", "--max-bytes", "65536",
          "--quiet"]
-BENCH_COMM = ["bench", "comm", "--nproc", "2", "--collective", "all_reduce", "--sizes", "4KiB", "--iters", "1"]
+BENCH_COMM = ["bench", "comm", "--nproc", "2", "--collective", "all_reduce", "--sizes", "4KiB,64KiB", "--iters", "1"]
 BENCH_TRAIN = ["bench", "train", "--nproc", "2", "--suites", "dp", "--steps", "4"]
 
 

@@ -109,6 +109,8 @@ def build_job(args) -> Job:
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         raise ValueError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
     sizes = parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES
+    if args.calibrate:
+        cost.check_sizes(sizes)
     if args.worlds:
         worlds = _ints(args.worlds, "--worlds")
     else:
