@@ -20,7 +20,7 @@ import os
 import sys
 
 from ..errors import usage
-from ..train.config import STRATEGIES, TrainConfig, from_deepspeed
+from ..train.config import STRATEGIES, TrainConfig, choices, from_deepspeed
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="start even if the planner says the ranks do not fit in this machine's memory")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
-    allowed = _choices()
+    allowed = choices()
     for name in FLAGS:
         f = FIELDS[name]
         kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
@@ -49,25 +49,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, choices=allowed.get(name),
                        metavar=None if name in allowed else name.upper().replace("_", "-"),
                        help=f"{doc + '; ' if doc else ''}default: {f.default!r}")
-
-
-def _choices() -> dict[str, tuple[str, ...]]:
-    """The values each enumerated flag accepts (the tables `TrainConfig` validates against)."""
-    from ..comm import registry
-    from ..parallel.precision import DTYPES
-    from ..parallel.recompute import MODES
-    from ..plan.presets import MODELS
-    from ..train.model import ATTENTIONS, check_shape
-
-    def trainable(shape) -> bool:
-        try:
-            check_shape(shape)
-            return True
-        except ValueError:
-            return False
-    return {"strategy": STRATEGIES, "precision": tuple(DTYPES), "recompute": MODES, "attention": ATTENTIONS,
-            "comm_algorithm": registry.SPECIAL + registry.algorithms("all_reduce"),
-            "model": tuple(name for name, shape in MODELS.items() if trainable(shape))}
 
 
 def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
@@ -93,7 +74,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> tuple[TrainConfig, int]:
     """Every check that can fail before a rank starts; (config, world)."""
     from .. import outputs, watchdog
     from ..train import footprint
-    from ..train.data import ByteData, load_bytes
+    from ..train import data
 
     world = _world(args, torchrun)
     if not args.timeout > 0:
@@ -107,7 +88,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> tuple[TrainConfig, int]:
         outputs.check(args.json_report, "--json-report")
     if not torchrun:
         footprint.check(cfg, world, force=args.force)
-    ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq)       # data path and size, checked now
+    data.check(len(data.corpus_bytes(cfg.data, cfg.max_bytes)), cfg.shape.seq)   # path and size, checked now
     return cfg, world
 
 
@@ -131,15 +112,14 @@ def _rank_main(cfg: TrainConfig, quiet: bool, torchrun: bool):
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import launch, outputs
-    from ..watchdog import WatchdogPolicy
-    torchrun = launch.in_torchrun()
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ       # as launch.in_torchrun
     with usage():
         cfg, world = check(args, torchrun)
-    if not torchrun and not args.quiet:
-        print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback, "
-              f"{launch.default_threads(world)} thread{'s' if launch.default_threads(world) > 1 else ''} "
-              f"each, {cfg.steps} steps)", file=sys.stderr, flush=True)
+    if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
+        print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback) for "
+              f"{cfg.steps} steps", file=sys.stderr, flush=True)
+    from .. import launch, outputs
+    from ..watchdog import WatchdogPolicy
     results = launch.run(_rank_main, world, args=(cfg, args.quiet, torchrun), timeout=args.timeout,
                          watch=WatchdogPolicy(floor_s=args.stall_timeout))
     if torchrun:

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ..plan.config import PRECISIONS
+
+DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16, torch.float16)))
 
 
 def dtype(precision: str) -> torch.dtype:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-MODES = ("none", "selective", "full")
+from ..plan.config import RECOMPUTES as MODES
 _METERS: list["SavedBytes"] = []
 
 

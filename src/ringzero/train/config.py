@@ -8,13 +8,40 @@ import math
 from dataclasses import dataclass
 
 from ..comm import registry
-from ..parallel.precision import DTYPES
-from ..parallel.recompute import MODES
+from ..plan.config import PRECISIONS, RECOMPUTES
+from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
-from .model import ATTENTIONS, check_shape
 
 STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3")
+ATTENTIONS = ("eager", "sdpa")
+"""eager materialises the s x s scores; sdpa is torch's scaled_dot_product_attention."""
+
+
+def check_shape(m: ModelShape) -> None:
+    """ringzero's GPT has learned positions, LayerNorm, an ungated MLP, tied embeddings and MHA."""
+    wrong = [f"{k}={getattr(m, k)!r}" for k, ok in (("positions", m.positions == "learned"),
+             ("norm", m.norm == "layernorm"), ("gated", not m.gated), ("tied", m.tied),
+             ("kv_heads", m.kv == m.heads)) if not ok]
+    if wrong:
+        raise ValueError(f"ringzero's GPT cannot take {', '.join(wrong)}: it has learned positions, "
+                         "LayerNorm, a GELU MLP, tied embeddings and multi-head attention")
+
+
+def _trainable(shape: ModelShape) -> bool:
+    try:
+        check_shape(shape)
+        return True
+    except ValueError:
+        return False
+
+
+def choices() -> dict[str, tuple[str, ...]]:
+    """The values each enumerated field accepts: what `TrainConfig` validates against and what the
+    command line offers (this module imports no torch, so `ringzero train` answers fast)."""
+    return {"strategy": STRATEGIES, "precision": PRECISIONS, "recompute": RECOMPUTES, "attention": ATTENTIONS,
+            "comm_algorithm": registry.SPECIAL + registry.algorithms("all_reduce"),
+            "model": tuple(name for name, shape in MODELS.items() if _trainable(shape))}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,10 +82,11 @@ class TrainConfig:
     """Print a plain log line every N steps; None: every 10 % of the run when stdout is not a terminal."""
 
     def __post_init__(self) -> None:
-        for name, allowed in (("strategy", STRATEGIES), ("precision", tuple(DTYPES)), ("recompute", MODES),
-                              ("attention", ATTENTIONS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} {getattr(self, name)!r} is not supported; allowed: {', '.join(allowed)}")
+        allowed = choices()
+        for name in ("strategy", "precision", "recompute", "attention", "comm_algorithm"):
+            if getattr(self, name) not in allowed[name]:
+                raise ValueError(f"{name} {getattr(self, name)!r} is not supported; "
+                                 f"allowed: {', '.join(allowed[name])}")
         for name in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "max_bytes"):
             _check(self, name, lambda v: v >= 1, "must be >= 1", integer=True)
         for name in ("seq", "log_every"):
@@ -70,10 +98,6 @@ class TrainConfig:
         _check(self, "clip", lambda v: math.isfinite(v) and v > 0, "must be > 0 (or None: off)", optional=True)
         _check(self, "dropout", lambda v: 0 <= v < 1, "must be in [0, 1)")
         _check(self, "betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "must be two numbers in [0, 1)")
-        if self.comm_algorithm not in registry.SPECIAL + registry.algorithms("all_reduce"):
-            allowed = ", ".join(registry.SPECIAL + registry.algorithms("all_reduce"))
-            raise ValueError(f"comm_algorithm {self.comm_algorithm!r} is not an all-reduce algorithm; "
-                             f"allowed: {allowed}")
         check_shape(self.shape)
 
     @property

@@ -16,8 +16,6 @@ import os
 import sysconfig
 from pathlib import Path
 
-import torch
-
 DEFAULT_MAX_BYTES = 4 * 2**20
 
 
@@ -46,8 +44,8 @@ def _files(path: str) -> list[Path]:
     raise ValueError(f"data path {path!r} does not exist (give a text file or a folder of them)")
 
 
-def load_bytes(path: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> torch.Tensor:
-    """The corpus as a uint8 tensor: `path`'s files, or the standard library's sources."""
+def corpus_bytes(path: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The corpus: `path`'s files, or the standard library's sources, up to `max_bytes`."""
     files = _files(path) if path else stdlib_files()
     chunks, total = [], 0
     for f in files:
@@ -59,26 +57,40 @@ def load_bytes(path: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> t
     corpus = b"".join(chunks)
     if len(corpus) < 2:
         raise ValueError(f"the corpus has {len(corpus)} bytes; it needs at least 2")
-    return torch.frombuffer(bytearray(corpus), dtype=torch.uint8)
+    return corpus
+
+
+def check(corpus_size: int, seq: int, val_fraction: float = 0.1) -> tuple[int, int]:
+    """(train, validation) bytes of a corpus of `corpus_size`; ValueError unless each split holds a
+    sequence of `seq` + 1 bytes."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    cut = int(corpus_size * (1 - val_fraction))
+    for name, size in (("train", cut), ("val", corpus_size - cut)):
+        if size <= seq + 1:
+            raise ValueError(f"the {name} split has {size} bytes, fewer than a sequence of {seq} + 1")
+    return cut, corpus_size - cut
+
+
+def load_bytes(path: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
+    """The corpus as a uint8 tensor (see `corpus_bytes`)."""
+    import torch
+    return torch.frombuffer(bytearray(corpus_bytes(path, max_bytes)), dtype=torch.uint8)
 
 
 class ByteData:
     """Train/validation splits of a byte corpus and the per-rank batches of every step."""
 
-    def __init__(self, corpus: torch.Tensor, seq: int, val_fraction: float = 0.1, seed: int = 0) -> None:
-        if not 0 < val_fraction < 1:
-            raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-        cut = int(len(corpus) * (1 - val_fraction))
+    def __init__(self, corpus, seq: int, val_fraction: float = 0.1, seed: int = 0) -> None:
+        cut, _ = check(len(corpus), seq, val_fraction)
         self.splits = {"train": corpus[:cut], "val": corpus[cut:]}
-        for name, data in self.splits.items():
-            if len(data) <= seq + 1:
-                raise ValueError(f"the {name} split has {len(data)} bytes, fewer than a sequence of {seq} + 1")
         self.seq, self.seed = seq, seed
 
     def batch(self, split: str, step: int, global_batch: int, rank: int = 0, dp: int = 1):
         """This rank's (inputs, targets), each (global_batch/dp, seq) int64, for `step`."""
         if global_batch % dp:
             raise ValueError(f"global batch {global_batch} is not divisible by {dp} data-parallel ranks")
+        import torch
         data = self.splits[split]
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 2 + (split == "val"))
         starts = torch.randint(0, len(data) - self.seq - 1, (global_batch,), generator=gen)

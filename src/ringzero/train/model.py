@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..plan.shapes import ModelShape
+from .config import ATTENTIONS, check_shape
 
-ATTENTIONS = ("eager", "sdpa")
 
 
 def _dropout(p: float) -> nn.Module:
@@ -138,13 +138,3 @@ class GPT(nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-
-
-def check_shape(m: ModelShape) -> None:
-    """ringzero's GPT has learned positions, LayerNorm, an ungated MLP, tied embeddings and MHA."""
-    wrong = [f"{k}={getattr(m, k)!r}" for k, ok in (("positions", m.positions == "learned"),
-             ("norm", m.norm == "layernorm"), ("gated", not m.gated), ("tied", m.tied),
-             ("kv_heads", m.kv == m.heads)) if not ok]
-    if wrong:
-        raise ValueError(f"ringzero's GPT cannot take {', '.join(wrong)}: it has learned positions, "
-                         "LayerNorm, a GELU MLP, tied embeddings and multi-head attention")
