@@ -3,7 +3,9 @@
 Order of application (torchtitan's): model -> precision (cast) -> recomputation -> sharding
 (DP/ZeRO). Each step runs `grad_accum` micro-batches; DP and ZeRO-1 communicate only on the last.
 The run measures what the planner predicts: model-state bytes held, bytes saved for backward,
-bytes sent and received (traffic meter), and time per phase.
+bytes sent and received (traffic meter), and time per phase. With `calibrate`, every rank also
+probes this machine's rates at `probe.probe_steps` (before the first step, between steps, after the
+last; never inside a timed step), so the prediction sees the load the steps saw.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..parallel.zero import apply_sharding
 from .config import TrainConfig
 from .data import ByteData, load_bytes
 from .model import GPT, AttentionCore
-from .probe import probe
+from .probe import Prober, median_rates, probe_steps
 
 MEASURE_STEP = 1
 """The step whose traffic and saved activations are measured (step 0 warms up; a one-step run
@@ -44,10 +46,16 @@ class RankResult:
     traffic: dict = field(default_factory=dict)
     phases: dict[str, float] = field(default_factory=dict)
     step_time: float = 0.0
+    step_times: list[float] = field(default_factory=list)
+    """Seconds of every steady step (warm-up excluded); `step_time` is their median."""
     skipped: int = 0
     params: dict[str, list[float]] | None = None
     buckets: list[tuple[int, bool]] = field(default_factory=list)
-    probe: dict[str, float] = field(default_factory=dict)
+    probe: dict = field(default_factory=dict)
+    """The rates the step-time prediction uses: the median over `probes` (`probe.median_rates`)."""
+    probes: list[dict] = field(default_factory=list)
+    """Every probe point: {"step", "at_s" (seconds since the run began), rates, "cost_s",
+    "warmup_s"} (`probe.Prober.__call__`)."""
 
 
 class Trainer:
@@ -131,7 +139,11 @@ class Trainer:
         c = self.cfg
         res = RankResult(rank=self.topo.rank)
         phases, totals = [], []
+        points = set(probe_steps(c.steps)) if calibrate else set()
+        prober, start = Prober(c, self.sharded) if points else None, time.perf_counter()
         for step in range(c.steps):
+            if step in points:
+                res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
             meter = comm.TrafficMeter() if step == self.measure_step else None
             t0 = time.perf_counter()
             if meter:
@@ -147,13 +159,15 @@ class Trainer:
                 res.val.append((step + 1, self.evaluate()))
             if progress is not None:
                 progress(step, res)
+        if c.steps in points:
+            res.probes.append({"step": c.steps, "at_s": time.perf_counter() - start, **prober()})
         steady = slice(min(2, c.steps - 1), None)        # skip warm-up steps when there are enough
-        res.step_time = statistics.median(totals[steady])
+        res.step_times = totals[steady]
+        res.step_time = statistics.median(res.step_times)
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
         res.skipped = self.scaler.skipped
         res.buckets = self.sharded.bucket_layout()
-        if calibrate:   # the probe that calibrates the step-time prediction
-            res.probe = probe(c.shape, c.micro_batch, dtype(c.precision), c.attention, c.dropout, self.topo.group)
+        res.probe = median_rates(res.probes) if res.probes else {}
         if keep_params:
             res.params = self.full_params()
         self.sharded.close()

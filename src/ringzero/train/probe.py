@@ -1,62 +1,213 @@
-"""What this machine's ranks can do at once, measured on every rank together (the ranks share the
-cores, so each sees its share). They calibrate the step-time prediction of `train.report`.
+"""What this machine's ranks can do at once, probed at several points of a training run. The rates
+calibrate the step-time prediction of `train.report`; the steps themselves are never used for it.
 
-- FLOP/s: one transformer block of the model's shape, forward and backward on one micro-batch,
-  timed; its FLOPs (6 per parameter per token plus the attention matmuls, 12·s·h per token) over
-  the time. Small and skinny matmuls, softmax, norms and autograd's own overhead all run well below
-  a large matmul's peak on a CPU, so a single big product would overestimate a small model's speed
-  by about 2x; the block probe measures the rate this model's layers actually reach.
-- Memory bandwidth: an in-place add over 16 MiB of fp32 (the optimizer's element-wise passes
-  outside its kernel are memory-bound).
-- The AdamW kernel: seconds per parameter of torch's fused AdamW over 1 Mi fp32 parameters, the
-  call `ShardedAdam` makes per shard (it computes a square root and a division per element, so
-  it runs below the bandwidth an add reaches).
+A machine that others share changes its load while a run trains, so one probe before or after the
+run measures a different machine than the steps saw. `Prober` is built once per run and called at
+the points `probe_steps` spreads over it (before the first step, between steps, after the last).
+Every rank probes at the same points, after a barrier, so the ranks contend for the cores as their
+steps do. Everything runs in the run's own precision, shapes and algorithms:
+
+- Compute: one transformer block of the run's shape, dtype, attention, dropout and recomputation,
+  forward and backward on one micro-batch; its hardware FLOPs (the per-layer share of the model's
+  `plan.flops` formula) over the time. Small and skinny matmuls, softmax, norms and autograd's own
+  overhead run well below a large matmul's peak on a CPU (2x for this model), and 16-bit arithmetic
+  on a CPU without native support far below fp32, so the block reaches the rate the model's layers do.
+- Optimizer: `ShardedAdam.step` itself on synthetic shards of this rank's sizes and dtype (16-bit:
+  the norm over 16-bit gradients, the chunked upcast, the fp32 master update and the write-back),
+  at most `OPT_MAX_PARAMS` parameters, clipping when the run clips; seconds per parameter. Its norm
+  all-reduce is not run (it is communication).
+- Communication: each distinct collective of the step (`predict.calls`: collective, elements,
+  element size) on fresh buffers of the run's dtype, issued on the engine's communication thread
+  with the run's algorithm, so it takes the path a step's collectives take.
+
+Each figure is the median of `COMPUTE_REPS`, `OPT_REPS`, `COMM_REPS` calls.
+
+The first point first runs each path once (`warmup_s`: autograd's and checkpoint's first use take
+seconds, the collectives open their connections); that is time the first step would spend anyway,
+so it is reported apart from `cost_s`, what each point adds to the run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import statistics
 import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from .. import comm
+from ..parallel.optimizer import AdamConfig, ShardedAdam
+from ..parallel.precision import dtype as dtype_of
+from ..parallel.recompute import apply_recompute
+from ..parallel.stages import DP
+from ..parallel.topology import Topology
 from ..plan import flops
-from ..plan.shapes import ModelShape
+from ..plan.shapes import ModelShape, param_count
+from . import predict
+from .config import TrainConfig
+
+PROBE_EVERY, MAX_POINTS = 10, 16
+"""About one probe point per `PROBE_EVERY` steps, at least two (before the first step and after the
+last), at most `MAX_POINTS`. Many short points track a changing load better than a few long ones:
+the load varies far more between points than the repetitions of one point do."""
+COMPUTE_REPS, OPT_REPS, COMM_REPS = 1, 3, 1
+"""Timed calls per point of a block's forward + backward, an optimizer step, each collective."""
+OPT_MAX_PARAMS = 2**22
 
 
-def _seconds(fn, seconds: float) -> float:
-    fn()                                           # warm-up (allocations, kernel choice)
-    t0, reps = time.perf_counter(), 0
-    while time.perf_counter() - t0 < seconds or reps < 2:
+def probe_steps(steps: int) -> list[int]:
+    """The steps before which the ranks probe (`steps` itself: after the last one), evenly spread."""
+    points = min(MAX_POINTS, max(2, steps // PROBE_EVERY + 1))
+    return sorted({round(i * steps / (points - 1)) for i in range(points)})
+
+
+def block_flops_per_token(m: ModelShape, recompute: str) -> float:
+    """One block's hardware FLOPs per token: the model's formula (`plan.flops`) for one layer."""
+    one = dataclasses.replace(m, layers=1)
+    return (flops.hardware_flops_per_token(param_count(one).per_layer, recompute, one)
+            + flops.attention_flops_per_token(one))
+
+
+def call_key(collective: str, elements: int, itemsize: int) -> str:
+    """The name of one probed collective in `Prober`'s output (and the JSON report)."""
+    return f"{collective}/{elements}x{itemsize}"
+
+
+class _Shards:
+    """What `ShardedAdam` reads of a `parallel.zero.Sharded`, over synthetic shards on one rank (so
+    the norm's all-reduce does not run), with gradients of global norm `norm`."""
+
+    stage = DP
+    topology = Topology(world=1, rank=0, dp=1)
+
+    def __init__(self, sizes: list[int], dt: torch.dtype, norm: float) -> None:
+        self.weights = [torch.randn(n).to(dt) for n in sizes]
+        grads = [torch.randn(n) for n in sizes]
+        scale = norm / math.sqrt(sum(float(g.square().sum()) for g in grads))
+        self.grads = [g.mul_(scale).to(dt) for g in grads]
+
+    def param_shards_view(self) -> list[torch.Tensor]:
+        return self.weights
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        return self.grads
+
+
+def _seconds(fn, reps: int) -> float:
+    """Median seconds of `reps` calls of `fn` (the steps are summarised by their median too, so a
+    call the scheduler preempted weighs no more than a step it preempted)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
         fn()
-        reps += 1
-    return (time.perf_counter() - t0) / reps
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
-def probe(m: ModelShape, b: int, dtype: torch.dtype, attention: str = "eager", dropout: float = 0.0,
-          group=None, seconds: float = 0.3) -> dict:
-    """{"flops": FLOP/s one block of shape `m` reaches in forward + backward on a micro-batch of
-    `b`, "bandwidth": bytes/s, "adam_s_per_param": seconds} on this rank while every rank of
-    `group` probes too."""
-    from .model import Block
-    if dist.is_initialized():
-        dist.barrier(group)
-    torch.manual_seed(0)
-    block = Block(m, attention, dropout).to(dtype)
-    x = torch.randn(b, m.seq, m.hidden).to(dtype).requires_grad_()
+def _collective(name: str, elements: int, dt: torch.dtype, n: int, group, algorithm: str):
+    """A call of `name` on fresh zero buffers, sized as `predict.calls` counts it."""
+    if name == "all_reduce":
+        t = torch.zeros(elements, dtype=dt)
+        return lambda: comm.all_reduce(t, op="sum", group=group, algorithm=algorithm)
+    full, part = torch.zeros(elements, dtype=dt), torch.zeros(elements // n, dtype=dt)
+    if name == "reduce_scatter":
+        return lambda: comm.reduce_scatter_tensor(part, full, op="sum", group=group, algorithm=algorithm)
+    if name == "all_gather":
+        return lambda: comm.all_gather_into_tensor(full, part, group=group, algorithm=algorithm)
+    raise ValueError(f"no probe for collective {name!r}")
 
-    def step():
-        block(x).sum().backward()
 
-    work = flops.layer_flops_per_token(m) * b * m.seq
-    rate = work / _seconds(step, seconds)
-    x, y = torch.zeros(4 * 2**20), torch.ones(4 * 2**20)
-    bandwidth = 3.0 * x.numel() * 4 / _seconds(lambda: x.add_(y), seconds / 3)
-    w, g, m_, v = (torch.rand(2**20) for _ in range(4))
-    step_t = torch.tensor(1.0)
+def _time_calls(calls: dict[str, object]) -> dict[str, float]:
+    return {key: _seconds(fn, COMM_REPS) for key, fn in calls.items()}
 
-    def adam():
-        torch._fused_adamw_([w], [g], [m_], [v], [], [step_t], lr=1e-3, beta1=0.9, beta2=0.999,
-                            weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
-    adam_s = _seconds(adam, seconds / 3) / w.numel()
-    return {"flops": rate, "bandwidth": bandwidth, "adam_s_per_param": adam_s}
+
+class Prober:
+    """This rank's probes for one run of `cfg` on `sharded` (see the module doc)."""
+
+    def __init__(self, cfg: TrainConfig, sharded) -> None:
+        from .model import AttentionCore, Block
+        self.cfg, self.sharded, self.dtype = cfg, sharded, dtype_of(cfg.precision)
+        m = cfg.shape
+        torch.manual_seed(0)
+        holder = nn.ModuleList([Block(m, cfg.attention, cfg.dropout).to(self.dtype)])
+        apply_recompute(holder, cfg.recompute, (AttentionCore,))
+        self.block = holder[0]
+        self.x = torch.randn(cfg.micro_batch, m.seq, m.hidden).to(self.dtype).requires_grad_()
+        self.grad = torch.randn_like(self.x)      # (b, s, h), dense as the next layer's gradient is
+        self.work = block_flops_per_token(m, cfg.recompute) * cfg.micro_batch * m.seq
+        sizes, total = [], 0
+        for shard in sharded.param_shards_view():
+            n = min(shard.numel(), OPT_MAX_PARAMS - total)
+            if n <= 0:
+                break
+            sizes.append(n)
+            total += n
+        self.opt_params = total
+        # Clipping bites in most steps of a run that clips (here the gradient norm stays above 1
+        # in about 3/4 of the first 60 steps), so it bites in the probe too: gradients of norm
+        # `clip` divided by 0.5 have norm 2·clip and are scaled by 1/2, every call (fp32 divides
+        # and scales them in place, so each call leaves them at norm `clip` again).
+        self.divisor = 0.5 if cfg.clip else 1.0
+        self.opt = ShardedAdam(_Shards(sizes, self.dtype, cfg.clip or 1.0), AdamConfig(
+            lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip))
+        self.calls = self._calls()
+        self.warm = False
+
+    def _calls(self) -> dict[str, object]:
+        sh, world = self.sharded, self.sharded.topology.dp
+        out = {}
+        for collective, elements, itemsize, _ in predict.calls(self.cfg, world, sh.bucket_layout()):
+            key = call_key(collective, elements, itemsize)
+            dt = torch.float32 if itemsize == 4 else self.dtype
+            if key not in out:
+                out[key] = _collective(collective, elements, dt, world, sh.group,
+                                       sh.config.algorithm_for(collective))
+        return out
+
+    def _pass(self) -> None:
+        # Not .sum().backward(): its gradient is an expanded (stride-0) tensor, and in bf16 the
+        # matmuls of backward take a path 1.18x slower with it than with the dense gradient a block
+        # inside the model receives. Gradients start from None, as the engine's hooks leave them.
+        self.block.zero_grad(set_to_none=True)
+        self.x.grad = None
+        self.block(self.x).backward(self.grad)
+
+    def _warm_up(self) -> float:
+        """First use of every probed path (autograd, checkpoint, kernels, the optimizer's state, the
+        collectives' connections): seconds the run's first step would otherwise spend."""
+        t0 = time.perf_counter()
+        self._pass()
+        self.opt.step(divisor=self.divisor)
+        for fn in self.calls.values():
+            self.sharded.queue.submit(fn).result()
+        return time.perf_counter() - t0
+
+    def __call__(self) -> dict:
+        """{"flops": FLOP/s, "optimizer_s_per_param": s, "comm": {call_key: s}, "cost_s": seconds
+        this point took, "warmup_s": seconds of first use (the first point only)}."""
+        self.sharded.queue.drain()
+        warmup = 0.0 if self.warm else self._warm_up()
+        self.warm = True
+        t0 = time.perf_counter()
+        if dist.is_initialized() and self.sharded.topology.dp > 1:
+            dist.barrier(self.sharded.group)
+        rate = self.work / _seconds(self._pass, COMPUTE_REPS)
+        opt_s = _seconds(lambda: self.opt.step(divisor=self.divisor), OPT_REPS) / self.opt_params
+        timed = {}
+        if self.calls:                 # together again: no rank's first call waits for a slower one
+            dist.barrier(self.sharded.group)
+            timed = self.sharded.queue.submit(_time_calls, self.calls).result()
+        self.sharded.queue.drain()
+        return {"flops": rate, "optimizer_s_per_param": opt_s, "comm": timed,
+                "cost_s": time.perf_counter() - t0, "warmup_s": warmup}
+
+
+def median_rates(points: list[dict]) -> dict:
+    """The median of each rate over the probe points (a collective's seconds key by key)."""
+    comm_keys = points[0]["comm"]
+    return {"flops": statistics.median(p["flops"] for p in points),
+            "optimizer_s_per_param": statistics.median(p["optimizer_s_per_param"] for p in points),
+            "comm": {k: statistics.median(p["comm"][k] for p in points) for k in comm_keys}}

@@ -1,22 +1,44 @@
 """Predicted beside measured: the table (and JSON) that closes every training run.
 
 Each row is a twin: a quantity `ringzero.plan` predicts for this exact configuration and the same
-quantity measured on the ranks, with the relative error (measured - predicted) / predicted. Figures
-are the busiest rank's (the maximum over ranks), per step or per micro-batch as named.
+quantity measured on the ranks, with the relative error (measured - predicted) / predicted, + when
+the run was slower or larger than predicted (`ERROR_DEFINITION`, printed under the table and written
+in the JSON). Figures are the busiest rank's (the maximum over ranks), per step or per micro-batch
+as named. Memory, activations and bytes on the wire are exact formulas of the configuration.
 
-Step time: compute is the hardware FLOPs of the step (6N per token, 8N with full recomputation,
-plus the attention matmuls, 12·L·s·h per token) at the FLOP/s a matmul probe of the model's own
-shapes reached on every rank at once (the ranks share this machine's cores); communication is the
-calibrated α-β-γ model (`ringzero bench comm --calibrate`, else its built-in defaults) summed over
-the step's collectives, counted as exposed (on a machine whose cores the ranks share, compute and
-communication hardly overlap); the optimizer is the fused AdamW kernel over this rank's shard at the
-probed seconds per parameter plus its memory-bound passes outside the kernel at the probed memory
-bandwidth (the norm's all-reduce, where ranks wait for each other, counts as communication).
+Step time is predicted from the planner's counts and rates measured by probes (`train.probe`) at
+five points of the run itself, every rank at once, never from the steps' own times; each rate is
+the median over the points, and the JSON lists every point and the spread of the prediction it
+gives, so a load that changed during the run shows there.
+
+- Compute: the step's hardware FLOPs (6N per token, 8N with full recomputation, 6N + 4·L·s·h
+  selective, plus the attention matmuls, 12·L·s·h; `plan.flops`) at the FLOP/s one block of the
+  run's shape, dtype and recomputation reached in the probe; under ZeRO-3 plus its all-gathers
+  (below).
+- Exposed communication: Σ over the step's collectives (`predict.calls`: which collective, how many
+  elements of which size, how many times per step) of the seconds the same call took in the probe
+  (same algorithm, dtype and communication thread), all of it counted as exposed, except ZeRO-3's
+  all-gathers: forward and backward wait for a layer's weights, so those are predicted (and
+  measured) inside compute. Why a probe and not the α-β-γ model alone: the model's constants come
+  from a separate calibration (or its defaults) on a machine that may have been quiet then and is
+  loaded now (under load here, every probed call took about 4 ms whatever its size: one tick of this
+  250 Hz kernel's scheduler), and from fp32 buffers, while a 16-bit reduction on a CPU runs at
+  another speed; the probe times the real call under the run's load. It is still a prediction: the
+  probe times each call alone, and the planner's counts say how many of each a step makes. Why no
+  overlap is credited: the ranks share this machine's cores, so a collective that runs beside
+  backward takes cores from it; the time it hides from the comm phase reappears in compute (measured
+  compute above, exposed communication below the prediction, the step time close). The α-β-γ figure
+  is kept in the JSON (`alpha_beta_gamma_comm_s`), and is the prediction, all of it exposed, when no
+  probe ran.
+- Optimizer: the shard's parameters (`predict.optimizer_shard`) at the seconds per parameter the
+  probe measured for `ShardedAdam.step` on shards of this rank's sizes and dtype (the norm's
+  all-reduce, where ranks wait for each other, counts as communication).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 
 from ..plan import flops
@@ -24,6 +46,15 @@ from ..plan.shapes import param_count
 from . import predict
 from .config import TrainConfig
 from .engine import RankResult
+from .probe import call_key
+
+ERROR_DEFINITION = (
+    "error = (measured - predicted) / predicted: + means the run was slower (or larger) than "
+    "predicted, - faster (or smaller). Exposed communication is the time of a step not spent in "
+    "forward, backward or the optimizer: communication that compute did not hide (the last "
+    "gradient buckets, ZeRO-1/2's all-gather after the update, the gradient norm's all-reduce, and "
+    "waiting for slower ranks). ZeRO-3's all-gathers of a layer's weights run inside forward and "
+    "backward: predicted and measured as compute.")
 
 
 @dataclass(frozen=True)
@@ -41,26 +72,71 @@ class Twin:
         return {"predicted": self.predicted, "measured": self.measured, "unit": self.unit, "error": self.error}
 
 
-def step_seconds(cfg: TrainConfig, world: int, res: RankResult) -> dict[str, float]:
-    """The predicted phases of one step on this machine (see the module doc)."""
+def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> dict:
+    """One step's collectives: {"exposed": s, "in_compute": s (ZeRO-3's all-gathers, waited for
+    inside forward and backward), "source"}, from the in-run probe's seconds per call times the
+    planner's calls, or (when the probe did not time every call) the α-β-γ model's total, all exposed."""
+    calls = predict.calls(cfg, world, buckets)
+    probed = rates.get("comm") or {}
+    keys = [call_key(c, n, size) for c, n, size, _ in calls]
+    if not (calls and all(k in probed for k in keys)):
+        return {"exposed": predict.comm_seconds(cfg, world, buckets), "in_compute": 0.0,
+                "source": "alpha-beta-gamma model"}
+    out = {"exposed": 0.0, "in_compute": 0.0, "source": "in-run probe"}
+    for k, (collective, _, _, times) in zip(keys, calls):
+        layer_gather = predict.ZERO[cfg.strategy] == 3 and collective == "all_gather"
+        out["in_compute" if layer_gather else "exposed"] += times * probed[k]
+    return out
+
+
+def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> dict[str, float]:
+    """The predicted phases of one step at the probed `rates` (see the module doc): "compute" is
+    "flops" (the FLOPs at the probed rate) plus "in_compute" (ZeRO-3's all-gathers)."""
     m = cfg.shape
     n = param_count(m).total
     tokens = cfg.micro_batch * cfg.grad_accum * m.seq
     per_token = flops.hardware_flops_per_token(n, cfg.recompute, m) + flops.attention_flops_per_token(m)
-    compute = per_token * tokens / res.probe["flops"]
-    comm = predict.comm_seconds(cfg, world, res.buckets)
-    optimizer = (predict.optimizer_bytes(cfg, world) / res.probe["bandwidth"]
-                 + predict.optimizer_shard(cfg, world) * res.probe["adam_s_per_param"])
-    return {"compute": compute, "comm": comm, "optimizer": optimizer, "step": compute + comm + optimizer}
+    arithmetic = per_token * tokens / rates["flops"]
+    comm = comm_seconds(cfg, world, buckets, rates)
+    compute = arithmetic + comm["in_compute"]
+    optimizer = predict.optimizer_shard(cfg, world) * rates["optimizer_s_per_param"]
+    return {"flops": arithmetic, "in_compute": comm["in_compute"], "compute": compute, "comm": comm["exposed"],
+            "optimizer": optimizer, "step": compute + comm["exposed"] + optimizer}
+
+
+def _busiest(results: list[RankResult]) -> RankResult:
+    return max(results, key=lambda r: r.step_time)
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    mid = statistics.median(xs)
+    return {"min": min(xs), "median": mid, "max": max(xs), "spread": (max(xs) - min(xs)) / mid if mid else 0.0}
+
+
+def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> dict:
+    """The busiest rank's (the table's) probe points with the prediction each one alone gives, the
+    spread ((max - min) / median) of the rates, of those predictions and of the measured steps
+    ("measured_step"), and what probing cost against the steps' time."""
+    res = _busiest(results)
+    points = [{**p, "predicted": step_seconds(cfg, world, res.buckets, p)} for p in res.probes]
+    if not points:
+        return {"points": [], "spread": {}, "cost_s": 0.0, "cost_fraction": 0.0}
+    spread = {k: _stats([p[k] for p in points]) for k in ("flops", "optimizer_s_per_param")}
+    spread |= {k: _stats([p["predicted"][k] for p in points]) for k in ("compute", "comm", "optimizer", "step")}
+    if res.step_times:
+        spread["measured_step"] = _stats(res.step_times)
+    cost = sum(p["cost_s"] for p in points)
+    return {"points": points, "spread": spread, "cost_s": cost,
+            "cost_fraction": cost / (cfg.steps * res.step_time) if res.step_time else 0.0}
 
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
-    busiest = max(results, key=lambda r: r.step_time)
+    busiest = _busiest(results)
     states = predict.states(cfg, world)
     sent = [predict.traffic(cfg, world, r.buckets, r.rank) for r in results]
     total_sent = [sum(op["bytes_sent"] for op in r.traffic.get("ops", {}).values()) for r in results]
     total_recv = [sum(op["bytes_recv"] for op in r.traffic.get("ops", {}).values()) for r in results]
-    steps = step_seconds(cfg, world, busiest)
+    steps = step_seconds(cfg, world, busiest.buckets, busiest.probe)
     tokens = cfg.global_batch(world) * cfg.shape.seq
     rows = [
         Twin("parameters held", states["params"], max(r.held["params"] for r in results), "bytes"),
@@ -83,16 +159,37 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
 
 
 def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[Twin]) -> dict:
-    r0 = results[0]
+    r0, busiest = results[0], _busiest(results)
+    rates = busiest.probe
     return {"schema": "ringzero.train-report/1", "config": dataclasses.asdict(cfg), "world": world,
             "losses": r0.losses, "val": [{"step": s, "loss": v} for s, v in r0.val],
+            "error_definition": ERROR_DEFINITION,
             "twins": {t.name: t.to_json() for t in rows}, "skipped_steps": r0.skipped,
-            "probe": r0.probe}
+            "predicted_phases": step_seconds(cfg, world, busiest.buckets, rates),
+            "probe": rates, "probes": probe_summary(cfg, world, results),
+            "communication_model": comm_seconds(cfg, world, busiest.buckets, rates)["source"],
+            "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets)}
 
 
-def render(rows: list[Twin], console) -> None:
+def caption(probes: dict | None = None) -> str:
+    """What the table's numbers mean, and how much the probed prediction moved during the run."""
+    text = ERROR_DEFINITION
+    step = (probes or {}).get("spread", {}).get("step")
+    if step:
+        text += (f" Step time predicted at each of the {len(probes['points'])} probe points: "
+                 f"{step['min'] * 1e3:,.1f}-{step['max'] * 1e3:,.1f} ms (spread {step['spread']:.0%})")
+        seen = probes["spread"].get("measured_step")
+        if seen:
+            text += f"; steps measured {seen['min'] * 1e3:,.1f}-{seen['max'] * 1e3:,.1f} ms"
+        text += f". Probing cost {probes['cost_fraction']:.1%} of the steps' time."
+    return text
+
+
+def render(rows: list[Twin], console, probes: dict | None = None) -> None:
+    """The rich table, captioned with `caption(probes)` (`probes`: `probe_summary`'s, optional)."""
     from rich.table import Table
-    table = Table(title="ringzero.plan's prediction beside the measurement (busiest rank)")
+    table = Table(title="ringzero.plan's prediction beside the measurement (busiest rank)",
+                  caption=caption(probes), caption_justify="left")
     for col, just in (("quantity", "left"), ("predicted", "right"), ("measured", "right"), ("error", "right")):
         table.add_column(col, justify=just)
     for t in rows:

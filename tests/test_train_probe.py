@@ -1,0 +1,137 @@
+"""The in-run probes that calibrate the step-time prediction (`train.probe`) and what the report
+says about them (`train.report`): probes at several points of the run, in the run's precision, of
+the run's own collectives; the JSON carries every point, the spread, the cost and the definition of
+the error's sign. Nothing here asserts on time, only on what was probed and how it is reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+
+import pytest
+import torch
+
+from ringzero.plan import flops
+from ringzero.plan.shapes import param_count
+from ringzero.train import predict, probe, report
+from ringzero.train.config import TrainConfig
+from ringzero.train.engine import Trainer, train_rank
+from ringzero.parallel.topology import Topology
+
+BASE = dict(model="nano", seq=16, micro_batch=2, steps=20, max_bytes=65536, eval_every=1000, eval_batches=1)
+
+
+def test_probe_points_span_the_run():
+    """Before the first step, after the last, about every `PROBE_EVERY` steps between, at most
+    `MAX_POINTS`."""
+    assert probe.probe_steps(1) == [0, 1] and probe.probe_steps(4) == [0, 4]
+    assert probe.probe_steps(40) == [0, 10, 20, 30, 40]
+    points = probe.probe_steps(200)
+    assert len(points) == probe.MAX_POINTS and points[0] == 0 and points[-1] == 200
+    assert max(b - a for a, b in zip(points, points[1:])) <= 200 / (probe.MAX_POINTS - 1) + 1
+
+
+@pytest.mark.parametrize("recompute", ("none", "selective", "full"))
+def test_block_flops_are_the_models_formula_for_one_layer(recompute):
+    m = TrainConfig(model="nano").shape
+    n = param_count(m).total
+    per_layer = param_count(m).per_layer
+    model = flops.hardware_flops_per_token(n, recompute, m) + flops.attention_flops_per_token(m)
+    block = probe.block_flops_per_token(m, recompute)
+    # The layers' share of the model's FLOPs is L blocks; the rest is the embedding and head's 6 or 8 per parameter.
+    rest = {"none": 6, "selective": 6, "full": 8}[recompute] * (n - m.layers * per_layer)
+    assert model == pytest.approx(m.layers * block + rest)
+    if recompute == "none":
+        assert block == flops.layer_flops_per_token(m)
+
+
+def test_probe_runs_in_the_runs_precision():
+    """bf16: the block, its input and the optimizer's shards are 16-bit, the master weights fp32."""
+    cfg = TrainConfig(**{**BASE, "strategy": "single", "precision": "bf16", "recompute": "selective"})
+    trainer = Trainer(cfg, Topology(world=1, rank=0, dp=1))
+    prober = probe.Prober(cfg, trainer.sharded)
+    assert all(p.dtype == torch.bfloat16 for p in prober.block.parameters())
+    assert prober.x.dtype == torch.bfloat16
+    assert prober.opt.mixed and all(w.dtype == torch.float32 for w in prober.opt.master)
+    assert prober.opt_params == param_count(cfg.shape).total
+    point = prober()
+    assert point["flops"] > 0 and point["optimizer_s_per_param"] > 0 and point["comm"] == {}
+    trainer.sharded.close()
+
+
+def _probed(group, configs):
+    return [train_rank(cfg, group=group) for cfg in configs]
+
+
+_RUN: dict = {}
+
+
+def _two_ranks(pool):
+    """zero2 fp32, zero1 fp16 and zero3 on 2 ranks, probed (cached: several tests read them)."""
+    if not _RUN:
+        configs = [TrainConfig(**BASE, strategy="zero2"), TrainConfig(**BASE, strategy="zero1", precision="fp16"),
+                   TrainConfig(**BASE, strategy="zero3")]
+        per_rank = pool.run(_probed, configs, world=2)
+        for i, cfg in enumerate(configs):
+            _RUN[cfg] = [r[i] for r in per_rank]
+    return _RUN
+
+
+@pytest.mark.timeout(240)
+def test_every_rank_probes_at_every_point_and_every_collective(pool):
+    for cfg, results in _two_ranks(pool).items():
+        keys = {probe.call_key(c, n, size) for c, n, size, _ in predict.calls(cfg, 2, results[0].buckets)}
+        if cfg.precision == "fp16":
+            assert any(k.endswith("x2") for k in keys)    # 16-bit buckets are probed in 16 bits
+        for r in results:
+            assert [p["step"] for p in r.probes] == probe.probe_steps(cfg.steps)
+            assert [p["at_s"] for p in r.probes] == sorted(p["at_s"] for p in r.probes)
+            for p in r.probes:
+                assert set(p["comm"]) == keys and all(s > 0 for s in p["comm"].values())
+                assert p["flops"] > 0 and p["optimizer_s_per_param"] > 0 and p["cost_s"] > 0
+            assert r.probe["flops"] == statistics.median(p["flops"] for p in r.probes)
+            for k in keys:
+                assert r.probe["comm"][k] == statistics.median(p["comm"][k] for p in r.probes)
+
+
+@pytest.mark.timeout(240)
+def test_json_report_has_probe_spread_and_error_definition(pool):
+    for cfg, results in _two_ranks(pool).items():
+        rows = report.twins(cfg, 2, results)
+        d = report.to_json(cfg, 2, results, rows)
+        assert "(measured - predicted) / predicted" in d["error_definition"]
+        assert "+ means the run was slower" in d["error_definition"]
+        assert "not spent in forward, backward or the optimizer" in d["error_definition"]
+        assert d["communication_model"] == "in-run probe" and d["alpha_beta_gamma_comm_s"] > 0
+        probes = d["probes"]
+        assert len(probes["points"]) == len(probe.probe_steps(cfg.steps))
+        for k in ("flops", "optimizer_s_per_param", "compute", "comm", "optimizer", "step"):
+            s = probes["spread"][k]
+            assert s["min"] <= s["median"] <= s["max"] and s["spread"] >= 0, k
+        assert probes["cost_s"] > 0 and probes["cost_fraction"] > 0
+        busiest = max(results, key=lambda r: r.step_time)
+        step = report.step_seconds(cfg, 2, busiest.buckets, busiest.probe)
+        assert d["twins"]["step time"]["predicted"] == pytest.approx(step["step"])
+        seconds = {"in_compute": 0.0, "comm": 0.0}
+        for c, n, size, t in predict.calls(cfg, 2, busiest.buckets):
+            # ZeRO-3's all-gathers are waited for inside forward and backward: compute
+            seconds["in_compute" if cfg.strategy == "zero3" and c == "all_gather" else "comm"] += (
+                t * busiest.probe["comm"][probe.call_key(c, n, size)])
+        assert step["comm"] == pytest.approx(seconds["comm"]) and step["comm"] > 0
+        assert step["in_compute"] == pytest.approx(seconds["in_compute"])
+        assert (step["in_compute"] > 0) == (cfg.strategy == "zero3")
+        assert step["compute"] == pytest.approx(step["flops"] + step["in_compute"])
+        assert "+ means the run was slower" in report.caption(probes) and "probe points" in report.caption(probes)
+
+
+@pytest.mark.timeout(240)
+def test_without_a_comm_probe_the_alpha_beta_gamma_model_predicts(pool):
+    cfg, results = next(iter(_two_ranks(pool).items()))
+    rates = {k: v for k, v in results[0].probe.items() if k != "comm"}
+    seconds = report.comm_seconds(cfg, 2, results[0].buckets, rates)
+    assert seconds == {"exposed": predict.comm_seconds(cfg, 2, results[0].buckets), "in_compute": 0.0,
+                       "source": "alpha-beta-gamma model"}
+    bare = [dataclasses.replace(r, probe=rates, probes=[]) for r in results]
+    d = report.to_json(cfg, 2, bare, report.twins(cfg, 2, bare))
+    assert d["probes"]["points"] == [] and d["communication_model"] == "alpha-beta-gamma model"
