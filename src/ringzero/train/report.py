@@ -2,8 +2,8 @@
 
 Each row is a twin: a quantity `ringzero.plan` predicts for this exact configuration and the same
 quantity measured on the ranks, with the relative error (measured - predicted) / predicted, + when
-the run was slower or larger than predicted (`ERROR_DEFINITION`, printed under the table and written
-in the JSON). Figures are the busiest rank's (the maximum over ranks), per step or per micro-batch
+the measurement is above the prediction (`ERROR_DEFINITION`, printed under the table and written in
+the JSON). Figures are the busiest rank's (the maximum over ranks), per step or per micro-batch
 as named. Memory, activations and bytes on the wire are exact formulas of the configuration.
 
 Step time is predicted from the planner's counts and rates measured by probes (`train.probe`) at
@@ -49,12 +49,12 @@ from .engine import RankResult
 from .probe import call_key
 
 ERROR_DEFINITION = (
-    "error = (measured - predicted) / predicted: + means the run was slower (or larger) than "
-    "predicted, - faster (or smaller). Exposed communication is the time of a step not spent in "
-    "forward, backward or the optimizer: communication that compute did not hide (the last "
-    "gradient buckets, ZeRO-1/2's all-gather after the update, the gradient norm's all-reduce, and "
-    "waiting for slower ranks). ZeRO-3's all-gathers of a layer's weights run inside forward and "
-    "backward: predicted and measured as compute.")
+    "error = (measured - predicted) / predicted: + means the measurement is above the prediction "
+    "(slower or larger; for tokens per second, faster), - below. Exposed communication is the time "
+    "of a step not spent in forward, backward or the optimizer: communication that compute did not "
+    "hide (the last gradient buckets, ZeRO-1/2's all-gather after the update, the gradient norm's "
+    "all-reduce, and waiting for slower ranks). ZeRO-3's all-gathers of a layer's weights run inside "
+    "forward and backward: predicted and measured as compute.")
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
 
 def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> dict[str, float]:
     """The predicted phases of one step at the probed `rates` (see the module doc): "compute" is
-    "flops" (the FLOPs at the probed rate) plus "in_compute" (ZeRO-3's all-gathers)."""
+    "arithmetic" (the FLOPs at the probed rate) plus "in_compute" (ZeRO-3's all-gathers)."""
     m = cfg.shape
     n = param_count(m).total
     tokens = cfg.micro_batch * cfg.grad_accum * m.seq
@@ -100,8 +100,8 @@ def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     comm = comm_seconds(cfg, world, buckets, rates)
     compute = arithmetic + comm["in_compute"]
     optimizer = predict.optimizer_shard(cfg, world) * rates["optimizer_s_per_param"]
-    return {"flops": arithmetic, "in_compute": comm["in_compute"], "compute": compute, "comm": comm["exposed"],
-            "optimizer": optimizer, "step": compute + comm["exposed"] + optimizer}
+    return {"arithmetic": arithmetic, "in_compute": comm["in_compute"], "compute": compute,
+            "comm": comm["exposed"], "optimizer": optimizer, "step": compute + comm["exposed"] + optimizer}
 
 
 def _busiest(results: list[RankResult]) -> RankResult:
