@@ -126,7 +126,7 @@ def test_train_zero2_on_two_ranks_writes_matching_twins(capsys, tmp_path):
     assert code == 0, out.err
     assert "validation loss" in out.out
     d = json.loads(report.read_text())
-    assert d["schema"] == "ringzero.train-report/1" and d["world"] == 2
+    assert d["schema"] == "ringzero.train-report/2" and d["world"] == 2
     assert len(d["losses"]) == 3 and [v["step"] for v in d["val"]] == [3]
     assert d["config"]["strategy"] == "zero2"
     twins = d["twins"]

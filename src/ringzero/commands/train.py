@@ -139,7 +139,7 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, outpu
     console.print("validation loss: " + ", ".join(f"step {s}: {v:.3f}" for s, v in r0.val)
                   + f"   (uniform bytes: ln 256 = {math.log(256):.3f})")
     rows = report.twins(cfg, world, results)
-    report.render(rows, console)
+    report.render(rows, console, report.probe_summary(cfg, world, results))
     if path:
         outputs.write_text(path, json.dumps(report.to_json(cfg, world, results, rows), indent=1))
         console.print(f"wrote {path}")

@@ -49,6 +49,9 @@ class RankResult:
     step_times: list[float] = field(default_factory=list)
     """Seconds of every steady step (warm-up excluded); `step_time` is their median."""
     skipped: int = 0
+    """Steps skipped so far for an fp16 overflow."""
+    loss_scale: float = 1.0
+    """The fp16 loss scale after the latest step (1 otherwise)."""
     params: dict[str, list[float]] | None = None
     buckets: list[tuple[int, bool]] = field(default_factory=list)
     probe: dict = field(default_factory=dict)
@@ -157,6 +160,7 @@ class Trainer:
             phases.append(ph)
             if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
                 res.val.append((step + 1, self.evaluate()))
+            res.skipped, res.loss_scale = self.scaler.skipped, float(self.scaler.scale)
             if progress is not None:
                 progress(step, res)
         if c.steps in points:

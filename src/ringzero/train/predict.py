@@ -127,10 +127,3 @@ def optimizer_shard(cfg: TrainConfig, world: int) -> float:
     """Parameters in this rank's optimizer shard (the fused AdamW kernel runs over them once)."""
     return param_count(cfg.shape).total / (world if ZERO[cfg.strategy] else 1)
 
-
-def optimizer_bytes(cfg: TrainConfig, world: int) -> float:
-    """Bytes the optimizer streams through memory on one rank outside the fused AdamW kernel.
-    fp32: averaging in place (8) and the squared norm (4): 12 per parameter. 16-bit: the norm
-    reads the 16-bit gradient (2), each chunk is upcast (2 + 4) and averaged (8) and the weight
-    written back (4 + 2): 22. Clipping that bites adds a scaling pass (8)."""
-    return optimizer_shard(cfg, world) * (12 if cfg.precision == "fp32" else 22)

@@ -61,12 +61,15 @@ ERROR_DEFINITION = (
 class Twin:
     name: str
     predicted: float
-    measured: float
+    measured: float | None
+    """None where the run cannot measure it (the backend's own collectives are opaque to the meter)."""
     unit: str
 
     @property
     def error(self) -> float | None:
-        return None if not self.predicted else (self.measured - self.predicted) / self.predicted
+        if not self.predicted or self.measured is None:
+            return None
+        return (self.measured - self.predicted) / self.predicted
 
     def to_json(self) -> dict:
         return {"predicted": self.predicted, "measured": self.measured, "unit": self.unit, "error": self.error}
@@ -146,8 +149,11 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
              max(r.activations for r in results), "bytes"),
     ]
     if world > 1:
-        rows += [Twin("bytes sent per step", max(s["bytes_sent"] for s in sent), max(total_sent), "bytes"),
-                 Twin("bytes received per step", max(s["bytes_recv"] for s in sent), max(total_recv), "bytes")]
+        opaque = cfg.comm_algorithm == "torch"      # predicted as the backend's ring, not metered
+        rows += [Twin("bytes sent per step", max(s["bytes_sent"] for s in sent),
+                      None if opaque else max(total_sent), "bytes"),
+                 Twin("bytes received per step", max(s["bytes_recv"] for s in sent),
+                      None if opaque else max(total_recv), "bytes")]
     rows += [
         Twin("compute per step", steps["compute"], busiest.phases["forward"] + busiest.phases["backward"], "s"),
         Twin("exposed communication per step", steps["comm"], busiest.phases["comm"], "s"),
@@ -161,14 +167,23 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
 def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[Twin]) -> dict:
     r0, busiest = results[0], _busiest(results)
     rates = busiest.probe
-    return {"schema": "ringzero.train-report/1", "config": dataclasses.asdict(cfg), "world": world,
+    return {"schema": "ringzero.train-report/2", "config": dataclasses.asdict(cfg), "world": world,
             "losses": r0.losses, "val": [{"step": s, "loss": v} for s, v in r0.val],
             "error_definition": ERROR_DEFINITION,
             "twins": {t.name: t.to_json() for t in rows}, "skipped_steps": r0.skipped,
             "predicted_phases": step_seconds(cfg, world, busiest.buckets, rates),
             "probe": rates, "probes": probe_summary(cfg, world, results),
             "communication_model": comm_seconds(cfg, world, busiest.buckets, rates)["source"],
-            "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets)}
+            "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets),
+            "ranks": [_rank_json(r) for r in results]}
+
+
+def _rank_json(r: RankResult) -> dict:
+    """What one rank measured (the table shows the busiest; this is every rank)."""
+    ops = r.traffic.get("ops", {}).values()
+    return {"rank": r.rank, "step_time": r.step_time, "phases": r.phases, "held": r.held,
+            "activations": r.activations, "bytes_sent": sum(op["bytes_sent"] for op in ops),
+            "bytes_recv": sum(op["bytes_recv"] for op in ops), "skipped_steps": r.skipped}
 
 
 def caption(probes: dict | None = None) -> str:
@@ -194,7 +209,8 @@ def render(rows: list[Twin], console, probes: dict | None = None) -> None:
         table.add_column(col, justify=just)
     for t in rows:
         err = "" if t.error is None else f"{t.error * 100:+.1f} %"
-        table.add_row(t.name, _fmt(t.predicted, t.unit), _fmt(t.measured, t.unit), err)
+        seen = "not metered" if t.measured is None else _fmt(t.measured, t.unit)
+        table.add_row(t.name, _fmt(t.predicted, t.unit), seen, err)
     console.print(table)
 
 
