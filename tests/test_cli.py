@@ -111,3 +111,22 @@ def test_torchrun_runs_and_rank_0_reports_every_rank(tmp_path):
     data = json.loads(report.read_text())
     assert data["world"] == 2
     assert sorted(r["rank"] for r in data["ranks"]) == [0, 1]
+
+
+def _checks_on(cfg):
+    from ringzero.comm.config import get_config
+    return get_config().checks
+
+
+def test_checks_flag_turns_the_handshake_on_in_the_ranks(monkeypatch):
+    from ringzero.commands import train as train_cmd
+    from ringzero.comm import config as comm_config
+    from ringzero.train import engine
+    seen = []
+    monkeypatch.setattr(engine, "train_rank", lambda cfg, progress=None: seen.append(_checks_on(cfg)))
+    prev = comm_config.set_config(comm_config.CommConfig(checks=False))
+    try:
+        train_cmd._rank_main(train_cmd.TrainConfig(steps=1), True, False, checks=True)
+    finally:
+        comm_config.set_config(prev)
+    assert seen == [True]
