@@ -33,7 +33,7 @@ def test_spec_example_prints_every_section_with_units(capsys):
     code, out, err = _main([*SPEC, "--days", "30"], capsys)
     assert code == 0, err
     for section in ("Inputs", "Size and compute", "Memory per GPU", "Communication per GPU per step",
-                    "seed's formula vs the exact bytes", "Time per step"):
+                    "the textbook formula vs the exact bytes", "Time per step"):
         assert section in out
     assert "GB (10⁹ B)" in out and "GiB (2³⁰ B)" in out
     assert "6,738,415,616" in out and "L(12h²+5h)" in out

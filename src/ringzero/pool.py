@@ -11,6 +11,7 @@ left stuck (a peer died mid-collective) the whole pool is restarted before the n
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import time
 import traceback
@@ -20,9 +21,10 @@ import torch.distributed as dist
 from . import launch
 
 
-def _serve(rank, nproc, port, threads, timeout_s, tasks, results) -> None:
+def _serve(rank, nproc, port, threads, timeout_s, tasks, results, parent_pid=None) -> None:
     try:
-        launch._bootstrap(rank, nproc, port, threads, timeout_s)
+        ties = launch._Ties(parent_pid) if parent_pid else None      # die with the pool's owner
+        launch._bootstrap(rank, nproc, port, threads, timeout_s, ties)
         groups = {k: (dist.new_group(list(range(k))) if k < nproc else dist.group.WORLD)
                   for k in range(1, nproc + 1)}
     except BaseException as exc:
@@ -56,7 +58,7 @@ class RankPool:
         self._tasks = [ctx.Queue() for _ in range(self.nproc)]
         self._procs = [ctx.Process(target=_serve, daemon=True,
                                    args=(r, self.nproc, port, self.threads, self.timeout,
-                                         self._tasks[r], self._results))
+                                         self._tasks[r], self._results, os.getpid()))
                        for r in range(self.nproc)]
         for p in self._procs:
             p.start()

@@ -30,8 +30,8 @@ import numpy as np
 from ..errors import usage
 from ..plan.comm_volume import ROOTED, WHOLE_BUFFER, Volume, call_for, volume
 from . import registry, symbolic
-# SEEDS is unused here but re-exported: it, as_dict and render were defined in this module.
-from .explain_render import ITEMSIZE, SEEDS, as_dict, render  # noqa: F401
+# as_dict and render are re-exported: they were defined in this module.
+from .explain_render import ITEMSIZE, as_dict, render  # noqa: F401
 from .symbolic import Message
 from .symbolic_values import Sym
 

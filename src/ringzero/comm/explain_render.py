@@ -21,13 +21,12 @@ if TYPE_CHECKING:  # only for annotations: explain.py imports this module
 
 ITEMSIZE = 4  # float32, as the totals say; here, not in explain.py, which imports this module
 
-SEEDS = {
-    "all_reduce": "seed 000 §9.3.7", "reduce_scatter": "seed 000 §9.3.5",
-    "all_gather": "seed 000 §9.3.5", "broadcast": "seed 000 §9.3.5", "reduce": "seed 000 §9.3.5",
-    "gather": "seed 000 §9.3.5", "scatter": "seed 000 §9.3.5", "all_to_all": "seed 000 §9.3.5",
-    ("all_reduce", "ring"): "seed 000 §9.3.6", ("all_reduce", "naive"): "seed 004 §2.4",
+SOURCES = {
+    "ring": "Patarasuk & Yuan 2009", "rabenseifner": "Rabenseifner 2004",
+    "recursive_halving": "Thakur, Rabenseifner & Gropp 2005", "hierarchical": "Sergeev & Del Balso 2018",
+    "scatter_allgather": "Barnett et al. 1994",
 }
-"""Where each collective (and the algorithms the seeds walk through) is explained."""
+"""Where an algorithm is described (docs/references.md); the rest: Thakur, Rabenseifner & Gropp 2005."""
 
 
 def as_dict(ex: Explanation, count: int, vols: list[Volume]) -> dict:
@@ -84,8 +83,8 @@ def render(ex: Explanation, count: int, vols: list[Volume], console: Console | N
     nodes = (f", {ex.ranks_per_node} ranks per node"
              if ex.algorithm == "hierarchical" and ex.ranks_per_node else "")
     console.rule(f"{ex.collective.replace('_', '-')} · {ex.algorithm} · {ranks}{rooted}{nodes}")
-    seed = SEEDS.get((ex.collective, ex.algorithm), SEEDS[ex.collective])
-    console.print(ex.summary if "seed" in ex.summary else f"{ex.summary} ({seed})")
+    source = SOURCES.get(ex.algorithm, "Thakur, Rabenseifner & Gropp 2005")
+    console.print(ex.summary if source.split()[0] in ex.summary else f"{ex.summary} ({source})")
     console.print(f"Rank r's input element i is written letter(r)+i (rank {_rank(0)}'s are a0, a1, …); "
                   "a sum is a reduction; '·' is not written yet.")
 

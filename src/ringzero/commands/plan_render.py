@@ -104,7 +104,7 @@ def size_and_compute(e: Estimate) -> Table:
         t.add_row(f"params: {k}", f"{getattr(pc, k):,}", f"{getattr(pc, k) / pc.total:.1%}")
     t.add_row("params (exact)", count(pc.total), f"{pc.per_layer:,} per layer")
     approx = approx_params(e.model.layers, e.model.hidden)
-    t.add_row("seed: N ≈ L(12h²+5h)", count(approx), f"{approx / pc.total:.3f} x exact")
+    t.add_row("approximation: N ≈ L(12h²+5h)", count(approx), f"{approx / pc.total:.3f} x exact")
     per_token = {"full": "8N (full recompute)", "selective": "6N + 4Lsh (selective recompute)"}
     t.add_row("FLOPs per step", f"{e.flops_per_step:.3e}",
               f"{per_token.get(p.recompute, '6N')} x {plural(e.tokens_per_step, 'token', spec=',')}")
@@ -159,9 +159,9 @@ def comm_ops(e: Estimate) -> Table:
 
 
 def comparison(e: Estimate) -> Table:
-    t = _table("Per strategy: the seed's formula vs the exact bytes (Φ = gradient bytes per "
-               "model-parallel rank)", "strategy", "group", "scope", "seed", "seed GB", "exact",
-               "exact GB", "exact / seed", right=(1, 4, 6, 7))
+    t = _table("Per strategy: the textbook formula vs the exact bytes (Φ = gradient bytes per "
+               "model-parallel rank)", "strategy", "group", "scope", "formula", "formula GB", "exact",
+               "exact GB", "exact / formula", right=(1, 4, 6, 7))
     for r in strategy_comparison(e.model, e.training, e.parallel, e.hardware.gpus_per_node):
         letter = {"TP": "t", "PP": "p"}.get(r.strategy[:2], "N")
         group = f"{letter}={r.group}" + (" (what if)" if r.what_if else "")
@@ -192,7 +192,7 @@ def timing(e: Estimate) -> Table:
 def advice_table(rec) -> Table | str:
     if isinstance(rec, str):
         return f"[yellow]recommendation unavailable: {rec}[/]"
-    t = _table(f"Recommendation (seed 004 §6.2): {rec.strategy}", "question", "answer", "because")
+    t = _table(f"Recommendation: {rec.strategy}", "question", "answer", "because")
     for question, answer, because in rec.steps:
         t.add_row(question, answer, because)
     return t

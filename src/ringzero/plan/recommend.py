@@ -104,7 +104,7 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
             if ok:
                 steps.append(("Is ZeRO-3 alone the best answer across nodes?", "not necessarily",
                               "its 3Φ all-gathers and reduce-scatters cross the network every step; "
-                              "seed 004 Q15 prefers 3D parallelism with ZeRO-1"))
+                              "3D parallelism with ZeRO-1 keeps the large traffic inside nodes (Narayanan et al. 2021 §3)"))
                 break
     layer_bytes = param_count(m).per_layer * sb.total
     one_layer = layer_bytes <= hw.hbm_bytes
@@ -122,7 +122,7 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
         steps.append(("Is there a 3D layout that fits?", "no",
                       f"not with tensor parallel <= {hw.gpus_per_node} and ZeRO-1 on {_gpus(gpus)}"))
         return Recommendation(steps, f"nothing fits on {_gpus(gpus)}: add GPUs, recompute, or offload", None)
-    steps.append(("Is model parallelism needed (seed 004 §6.4)?", "yes",
+    steps.append(("Is model parallelism needed?", "yes",
                   f"{_layout(par)}: {_gb(memory(m, tr, par).total)} per GPU"))
     return Recommendation(steps, f"tp={par.tp} x pp={par.pp} x dp={par.dp}"
                           + (f", ZeRO-{par.zero}" if par.zero else ""), par)

@@ -98,7 +98,7 @@ def scatter(c, buf, bounds, root) -> None:
 
 
 def all_reduce(c, buf, bounds) -> None:
-    """Parameter-server all-reduce (seed 004 §2.4): reduce to rank 0, then broadcast from it.
+    """Parameter-server all-reduce: reduce to rank 0, then broadcast from it (Li et al. 2014's shape).
 
     2 rounds. Rank 0 receives and sends (n-1)·S in n-1 messages each way and reduces (n-1)·S;
     every other rank sends S and receives S.
@@ -109,8 +109,8 @@ def all_reduce(c, buf, bounds) -> None:
 
 
 def all_gather(c, buf, bounds) -> None:
-    """Gather to rank 0, then rank 0 broadcasts the whole assembled buffer (seed 004: = Gather +
-    Broadcast). 2 rounds.
+    """Gather to rank 0, then rank 0 broadcasts the whole assembled buffer (all-gather = gather +
+    broadcast). 2 rounds.
 
     Rank 0 sends the whole S to everyone, own chunk included: one message per rank instead of two
     (the pieces before and after the receiver's chunk), which is the naive trade of bytes for α.
@@ -122,8 +122,8 @@ def all_gather(c, buf, bounds) -> None:
 
 
 def reduce_scatter(c, buf, bounds) -> None:
-    """Reduce the whole buffer to rank 0, then rank 0 scatters chunk r to rank r (seed 004:
-    Reduce-Scatter = Reduce + Scatter). 2 rounds.
+    """Reduce the whole buffer to rank 0, then rank 0 scatters chunk r to rank r (reduce-scatter =
+    reduce + scatter). 2 rounds.
 
     Rank r sends S and receives its chunk; rank 0 receives (n-1)·S, reduces (n-1)·S and sends
     S - chunk 0.

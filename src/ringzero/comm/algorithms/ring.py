@@ -153,6 +153,6 @@ def all_gather(c, buf, bounds, shift: int = 0) -> None:
 
 
 def all_reduce(c, buf, bounds) -> None:
-    """Reduce-scatter then all-gather on the ring (seed 000 §9.3.6): 2(n-1) steps."""
+    """Reduce-scatter then all-gather on the ring (Patarasuk & Yuan 2009): 2(n-1) steps."""
     reduce_scatter(c, buf, bounds, shift=0)
     all_gather(c, buf, bounds, shift=1)

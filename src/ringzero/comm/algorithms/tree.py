@@ -100,7 +100,7 @@ def broadcast(c, buf, bounds, root: int) -> None:
 
 
 def all_reduce(c, buf, bounds) -> None:
-    """Binomial reduce to rank 0 then binomial broadcast from it (seed 000 §9.3.7): 2·ceil(log2 n) rounds."""
+    """Binomial reduce to rank 0 then binomial broadcast from it (Thakur et al. 2005): 2·ceil(log2 n) rounds."""
     reduce(c, buf, bounds, 0)
     broadcast(c, buf, bounds, 0)
 
