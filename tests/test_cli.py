@@ -13,6 +13,7 @@ import pytest
 
 from ringzero import cli
 from ringzero.commands import plan as plan_cmd
+from ringzero.train import footprint
 
 QUICK = ["--seq", "16", "--micro-batch", "1", "--max-bytes", "65536"]
 
@@ -64,11 +65,12 @@ def test_a_bug_is_an_internal_error_exit_1_not_bad_input(monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv, words", [
     (["--timeout", "0"], "--timeout must be > 0"),
-    (["--stall-timeout", "-1"], "floor_s > 0"),
+    (["--stall-timeout", "-1"], "--stall-timeout must be > 0"),
     (["--nproc", "100"], "GiB is available"),
     (["--seq", "100000", "--micro-batch", "8"], "activations"),
 ])
-def test_bad_run_settings_are_refused_before_ranks_start(capsys, argv, words):
+def test_bad_run_settings_are_refused_before_ranks_start(capsys, monkeypatch, argv, words):
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 8 * 2**30)     # whatever this machine has
     assert cli.main(["train", "--nproc", "2", "--steps", "1", *argv, "--quiet"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("ringzero: error:") and "\n" not in err and words in err, err
@@ -81,11 +83,14 @@ def test_nproc_under_torchrun_is_refused(monkeypatch, capsys):
     assert "torchrun sets the world" in capsys.readouterr().err
 
 
-def test_force_skips_the_memory_check():
+def test_force_skips_the_memory_check(monkeypatch):
     from ringzero.commands import train as train_cmd
-    args = cli.build_parser("train").parse_args(["train", "--nproc", "100", "--force", *QUICK])
-    cfg, world = train_cmd.check(args, torchrun=False)
-    assert world == 100
+    monkeypatch.setattr(footprint, "available_bytes", lambda: 8 * 2**30)
+    argv = ["train", "--nproc", "100", *QUICK]
+    with pytest.raises(ValueError, match="GiB is available"):
+        train_cmd.check(cli.build_parser("train").parse_args(argv), torchrun=False)
+    job = train_cmd.check(cli.build_parser("train").parse_args([*argv, "--force"]), torchrun=False)
+    assert job.world == 100
 
 
 @pytest.mark.timeout(180)
@@ -130,3 +135,16 @@ def test_checks_flag_turns_the_handshake_on_in_the_ranks(monkeypatch):
     finally:
         comm_config.set_config(prev)
     assert seen == [True]
+
+
+def test_calibrating_only_the_backend_is_refused_before_measuring(capsys):
+    argv = ["bench", "comm", "--nproc", "2", "--calibrate", "--algorithm", "torch", "--sizes", "4KiB,64KiB"]
+    assert cli.main(argv) == 2
+    assert "--calibrate fits ringzero's algorithms" in capsys.readouterr().err
+
+
+def test_a_bad_checks_setting_is_bad_input(monkeypatch, capsys):
+    monkeypatch.setenv("RINGZERO_CHECKS", "maybe")
+    code = cli.main(["train", "--nproc", "2", "--steps", "1", "--quiet", *QUICK])
+    err = capsys.readouterr().err
+    assert code == 2 and "RINGZERO_CHECKS" in err, err

@@ -54,6 +54,22 @@ def test_every_formula_is_closed_form_for_a_billion_ranks(no_per_rank_lists):
                 assert v.bytes_sent >= 0 and v.rounds >= 0
 
 
+@pytest.mark.parametrize("collective,algorithm", [k for k in MODULES if k[0] != "all_to_all"])
+def test_closed_forms_equal_the_formulas_over_listed_chunks(collective, algorithm):
+    """The closed form over `Chunks` gives, for every rank, exactly what the same formula gives
+    over the explicit list of chunk sizes (`Listed`), including counts below the world size."""
+    import dataclasses
+    for n in range(1, 12):
+        for count in (0, 1, n - 1, n + 1, 7 * n + 3):
+            if collective not in comm_volume.WHOLE_BUFFER:
+                count = n * (count // n + 1)
+            for root in {0, n - 1}:
+                call = call_for(collective, algorithm, n, count, 4, root=root, ranks_per_node=3)
+                listed = dataclasses.replace(call, sizes=tuple(call.sizes))
+                for rank in range(n):
+                    assert volume(call, rank) == volume(listed, rank), (n, count, root, rank)
+
+
 def test_chunks_answer_like_the_list():
     for n in (1, 3, 8, 13):
         for count in (0, 1, n - 1, n, 5 * n + 2):

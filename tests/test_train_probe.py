@@ -37,13 +37,12 @@ def test_block_flops_are_the_models_formula_for_one_layer(recompute):
     m = TrainConfig(model="nano").shape
     n = param_count(m).total
     per_layer = param_count(m).per_layer
-    model = flops.hardware_flops_per_token(n, recompute, m) + flops.attention_flops_per_token(m)
-    block = probe.block_flops_per_token(m, recompute)
+    model = flops.step_flops_per_token(n, recompute, m)
+    block = flops.layer_flops_per_token(m, recompute)
     # The layers' share of the model's FLOPs is L blocks; the rest is the embedding and head's 6 or 8 per parameter.
     rest = {"none": 6, "selective": 6, "full": 8}[recompute] * (n - m.layers * per_layer)
     assert model == pytest.approx(m.layers * block + rest)
-    if recompute == "none":
-        assert block == flops.layer_flops_per_token(m)
+    assert model == flops.hardware_flops_per_token(n, recompute, m) + flops.attention_flops_per_token(m)
 
 
 def test_probe_runs_in_the_runs_precision():

@@ -15,6 +15,7 @@ import threading
 import traceback
 
 from .errors import Terminated, UsageError
+from .rank_io import in_torchrun
 
 EXAMPLES = """examples:
   ringzero train --nproc 4 --strategy zero2 --recompute selective --steps 200
@@ -116,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     first = next((a for a in argv if not a.startswith("-")), None)
     debug = "--debug" in argv or os.environ.get("RINGZERO_DEBUG", "0") not in ("", "0")
-    main_thread = threading.current_thread() is threading.main_thread()
+    # SIGTERM unwinds the launcher so that it stops its ranks. A torchrun rank keeps the default
+    # (die at once): its agent sends SIGTERM while the rank may be blocked in a collective.
+    main_thread = threading.current_thread() is threading.main_thread() and not in_torchrun()
     old = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try:
         try:

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import allocator, rank_io, watchdog
+from .rank_io import in_torchrun  # noqa: F401  (part of this module's API)
 from .watchdog import Watchdog, WatchdogPolicy
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -49,10 +50,6 @@ class RankError(RuntimeError):
         self.summary, self.rank, self.details, self.stderr_tail = summary, rank, details, stderr_tail
 
 
-def in_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def init_process_group(rank: int, world: int, store, backend: str = "gloo",
                        timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Initialise the default group; the gloo timeout bounds any collective that lost a peer."""
@@ -68,12 +65,15 @@ class _Ties:
     parent_pid: int
     stderr_path: str | None = None
     beacons: object = None
+    parent_thread_lasts: bool = True
+    """Whether the thread that starts the rank lives as long as the parent (the kernel's
+    parent-death signal follows the thread, not the process); else the rank polls the parent."""
 
 
 def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float,
                ties: _Ties | None = None) -> None:
     if ties is not None:
-        rank_io.die_with_parent(ties.parent_pid)
+        rank_io.die_with_parent(ties.parent_pid, ties.parent_thread_lasts)
         if ties.stderr_path:
             rank_io.redirect_stderr(ties.stderr_path)
         if ties.beacons is not None:
@@ -138,7 +138,7 @@ def _children_ignore_sigint():
     """Start processes with SIGINT ignored (the disposition survives exec): Ctrl-C reaches every
     process of the terminal's group, and the ranks must leave it to the parent, which stops them,
     rather than each printing its own KeyboardInterrupt."""
-    if threading.current_thread() is not threading.main_thread():
+    if not _on_main_thread():
         yield
         return
     old = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -146,6 +146,10 @@ def _children_ignore_sigint():
         yield
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 def _first_line(msg: str) -> str:
@@ -168,7 +172,8 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
     dog = Watchdog(ctx, nproc, watch) if watch is not None else None
     with tempfile.TemporaryDirectory(prefix="ringzero-ranks-") as logs:
         paths = [os.path.join(logs, f"rank{r}.stderr") for r in range(nproc)]
-        ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None) for r in range(nproc)]
+        ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None, _on_main_thread())
+                for r in range(nproc)]
         procs = [ctx.Process(target=_worker, daemon=True,
                              args=(r, nproc, port, threads, timeout, fn, args, results, ties[r]))
                  for r in range(nproc)]
@@ -211,7 +216,7 @@ def collect(procs, results, nproc: int, timeout: float, ranks=None, watchdog: Wa
                 raise fail(f"timed out after {timeout:.0f}s; ranks {pending} had not finished", None)
             stalled = watchdog.check(procs, pending) if watchdog is not None else None
             if stalled:
-                raise fail(stalled, None)
+                raise fail(*stalled)
             continue
         if status == "err":
             summary, r, details = _root_cause(procs, results, ranks, out, rank, value)
@@ -255,16 +260,19 @@ def _root_cause(procs, results, ranks, out, rank, value, grace: float = 1.0):
 
 
 def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
-        watch: WatchdogPolicy | None = None):
+        watch: WatchdogPolicy | None = None, backend: str = "auto"):
     """Under torchrun, join the job and return this rank's `fn(*args)`; otherwise `spawn` locally.
 
     Returns a list of per-rank results when spawning and a single result under torchrun (whose
-    agent watches its workers itself; `watch` applies to spawned ranks).
+    agent watches its workers itself; `watch` applies to spawned ranks). `backend` under torchrun:
+    "auto" is NCCL when CUDA is available and gloo otherwise; code whose tensors live on the CPU
+    asks for "gloo".
     """
     if in_torchrun():
         allocator.tune()
         if not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            if backend == "auto":
+                backend = "nccl" if torch.cuda.is_available() else "gloo"
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))

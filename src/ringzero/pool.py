@@ -21,9 +21,8 @@ import torch.distributed as dist
 from . import launch
 
 
-def _serve(rank, nproc, port, threads, timeout_s, tasks, results, parent_pid=None) -> None:
+def _serve(rank, nproc, port, threads, timeout_s, tasks, results, ties=None) -> None:
     try:
-        ties = launch._Ties(parent_pid) if parent_pid else None      # die with the pool's owner
         launch._bootstrap(rank, nproc, port, threads, timeout_s, ties)
         groups = {k: (dist.new_group(list(range(k))) if k < nproc else dist.group.WORLD)
                   for k in range(1, nproc + 1)}
@@ -58,7 +57,8 @@ class RankPool:
         self._tasks = [ctx.Queue() for _ in range(self.nproc)]
         self._procs = [ctx.Process(target=_serve, daemon=True,
                                    args=(r, self.nproc, port, self.threads, self.timeout,
-                                         self._tasks[r], self._results, os.getpid()))
+                                         self._tasks[r], self._results,
+                                         launch._Ties(os.getpid(), parent_thread_lasts=launch._on_main_thread())))
                        for r in range(self.nproc)]
         for p in self._procs:
             p.start()

@@ -1,9 +1,10 @@
 """A spawned rank's ties to its parent: it dies with it, and its standard error goes through it.
 
 - `die_with_parent`: on Linux, `prctl(PR_SET_PDEATHSIG, SIGKILL)` makes the kernel kill the rank
-  when the launching process dies for any reason (SIGKILL included, where no handler of the parent
-  can run), so a killed `ringzero` never leaves ranks training as orphans. Elsewhere a thread
-  polls the parent's pid.
+  when the thread that launched it ends, which for `ringzero`'s launcher (the main thread, waiting
+  for results) is when the process dies, for any reason (SIGKILL included, where no handler of the
+  parent can run): a killed `ringzero` never leaves ranks training as orphans. Elsewhere, or when
+  the launching thread may end first, a thread polls the parent's pid.
 - `redirect_stderr` points the rank's file descriptor 2 (Python's and C++'s messages alike) at a
   file; the parent's `StderrForwarder` copies each new line to its own standard error as
   `[rank r] ...` (as torchrun's `--tee` does) and keeps the last lines of each rank, which the
@@ -24,13 +25,24 @@ _PR_SET_PDEATHSIG = 1      # <linux/prctl.h>
 TAIL_LINES = 5
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Arrange for this process to die when `parent_pid` (its launcher) does."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        armed = False
+def in_torchrun() -> bool:
+    """Whether this process is a rank of a torchrun job (which sets the world)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def die_with_parent(parent_pid: int, parent_thread_lasts: bool = True) -> None:
+    """Arrange for this process to die when `parent_pid` (its launcher) does.
+
+    The kernel's parent-death signal fires when the *thread* that started this process exits;
+    when that thread may end before the parent (`parent_thread_lasts` False), poll instead.
+    """
+    armed = False
+    if parent_thread_lasts:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
     if os.getppid() != parent_pid:          # the parent died before the signal was armed
         os._exit(1)
     if not armed:
@@ -69,6 +81,7 @@ class StderrForwarder:
             self.poll()
 
     def poll(self) -> None:
+        out = []
         with self._lock:
             for r, path in enumerate(self.paths):
                 try:
@@ -81,14 +94,22 @@ class StderrForwarder:
                     continue
                 self._pos[r] += len(data)
                 *lines, self._partial[r] = (self._partial[r] + data).split(b"\n")
-                self._emit(r, lines)
+                out += self._keep(r, lines)
+        self._print(out)              # outside the lock: a full stderr pipe must not block tail()
 
-    def _emit(self, rank: int, lines: list[bytes]) -> None:
+    def _keep(self, rank: int, lines: list[bytes]) -> list[str]:
+        kept = []
         for raw in lines:
             line = raw.decode(errors="replace").rstrip("\r")
             if line.strip():
                 self._tails[rank].append(line)
-                print(f"[rank {rank}] {line}", file=sys.stderr, flush=True)
+                kept.append(f"[rank {rank}] {line}")
+        return kept
+
+    @staticmethod
+    def _print(lines: list[str]) -> None:
+        for line in lines:
+            print(line, file=sys.stderr, flush=True)
 
     def tail(self, rank: int) -> tuple[str, ...]:
         """The last lines rank `rank` wrote (read up to now)."""
@@ -100,7 +121,9 @@ class StderrForwarder:
         self._stop.set()
         self._thread.join()
         self.poll()
+        out = []
         with self._lock:
             for r, rest in enumerate(self._partial):
-                self._emit(r, [rest])
+                out += self._keep(r, [rest])
                 self._partial[r] = b""
+        self._print(out)

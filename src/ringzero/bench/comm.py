@@ -121,6 +121,9 @@ def build_job(args) -> Job:
     if bad:
         raise ValueError(f"--worlds must lie in 1..--nproc ({args.nproc}), got {bad[0]}")
     cases = _cases(args)
+    if args.calibrate and not any(a not in registry.SPECIAL for _, algs in cases for a in algs):
+        raise ValueError("--calibrate fits ringzero's algorithms: --algorithm must name at least one "
+                         f"besides {' and '.join(registry.SPECIAL)}")
     itemsize = torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
     for c, _ in cases:
         small = [s for s in sizes if element_count(c, s, itemsize, max(worlds)) == 0]

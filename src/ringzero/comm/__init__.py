@@ -19,7 +19,7 @@ _EXPORTS = {
     "gather": "api_movement", "scatter": "api_movement", "all_to_all": "api_movement",
     "TrafficMeter": "meter", "Traffic": "meter", "Op": "ops",
     "CommConfig": "config", "configure": "config", "get_config": "config", "set_config": "config",
-    "COLLECTIVES": "registry", "algorithms": "registry",
+    "COLLECTIVES": "registry",
 }
 
 __all__ = list(_EXPORTS)

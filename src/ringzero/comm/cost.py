@@ -109,12 +109,13 @@ def load(path: str | os.PathLike | None = None) -> Calibration | None:
 
 
 def save(cal: Calibration, path: str | os.PathLike | None = None) -> Path:
-    """Write `cal` as JSON (atomically: readers never see half a file); return the path."""
+    """Write `cal` as JSON (atomically: readers never see half a file); return the path. The
+    default location's folder is created; a given path's folder must exist (`outputs.check`)."""
+    from ..outputs import write_text
     p = calibration_path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(cal.to_json(), indent=2) + "\n")
-    os.replace(tmp, p)
+    if path is None:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    write_text(p, json.dumps(cal.to_json(), indent=2) + "\n")
     return p
 
 

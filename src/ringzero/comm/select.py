@@ -119,11 +119,6 @@ def _best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal_
     return best(collective, n, nbytes, ranks_per_node, _cache["cal"])
 
 
-def predicted(collective: str, n: int, nbytes: int, ranks_per_node: int | None = None) -> dict[str, float]:
-    """Predicted seconds of every candidate algorithm (what `choose` compares)."""
-    return _times(collective, n, nbytes, ranks_per_node, calibration())
-
-
 def seconds(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None = None) -> float:
     """Predicted seconds of one named algorithm, candidate or not (`hierarchical` on one node runs its
     node-local tree), or "torch", priced as its `comm_volume.BACKEND_TWIN` with the calibration's

@@ -20,7 +20,9 @@ import os
 import sys
 
 from ..errors import usage
+from ..rank_io import in_torchrun
 from ..train.config import STRATEGIES, TrainConfig, choices, from_deepspeed
+from ..watchdog import WatchdogPolicy
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
@@ -35,9 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json-report", metavar="FILE.json",
                    help="write the run and its predicted/measured twins here")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before every rank is stopped")
-    p.add_argument("--stall-timeout", type=float, default=120.0, metavar="S",
-                   help="stop when no step completes for max(S, 20 x the slowest step so far) "
-                        "seconds after the first 2 steps (default 120)")
+    policy = WatchdogPolicy()
+    p.add_argument("--stall-timeout", type=float, default=policy.floor_s, metavar="S",
+                   help=f"stop when the next step does not complete within max(S, {policy.factor:g} x the "
+                        f"slowest step so far) seconds; the first step within S (default {policy.floor_s:g})")
     p.add_argument("--force", action="store_true",
                    help="start even if the planner says the ranks do not fit in this machine's memory")
     p.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
@@ -74,16 +77,26 @@ def _world(args: argparse.Namespace, torchrun: bool) -> int:
     return world
 
 
-def check(args: argparse.Namespace, torchrun: bool) -> tuple[TrainConfig, int]:
-    """Every check that can fail before a rank starts; (config, world)."""
-    from .. import outputs, watchdog
-    from ..train import footprint
-    from ..train import data
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What `check` accepted: the run's config, its world and its watchdog."""
+
+    cfg: TrainConfig
+    world: int
+    watch: WatchdogPolicy
+
+
+def check(args: argparse.Namespace, torchrun: bool) -> Job:
+    """Every check that can fail before a rank starts."""
+    from .. import outputs
+    from ..comm import config as comm_config
+    from ..train import data, footprint
 
     world = _world(args, torchrun)
     if not args.timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
-    watchdog.WatchdogPolicy(floor_s=args.stall_timeout)          # --stall-timeout > 0
+    watch = WatchdogPolicy(floor_s=args.stall_timeout)
+    comm_config.CommConfig()                      # reads RINGZERO_CHECKS / TORCH_DISTRIBUTED_DEBUG
     cfg = config_from(args, world)
     if cfg.strategy == "single" and world != 1:
         raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
@@ -93,18 +106,17 @@ def check(args: argparse.Namespace, torchrun: bool) -> tuple[TrainConfig, int]:
     if not torchrun:
         footprint.check(cfg, world, force=args.force)
     data.check(len(data.corpus_bytes(cfg.data, cfg.max_bytes)), cfg.shape.seq)   # path and size, checked now
-    return cfg, world
+    return Job(cfg, world, watch)
 
 
 def _rank_main(cfg: TrainConfig, quiet: bool, torchrun: bool, checks: bool = False):
     import torch.distributed as dist
 
     from ..comm import config as comm_config
-    if checks:
-        comm_config.set_config(dataclasses.replace(comm_config.get_config(), checks=True))
-
     from ..train.engine import train_rank
     from .train_log import StepCallback
+    if checks:
+        comm_config.set_config(dataclasses.replace(comm_config.get_config(), checks=True))
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     callback = StepCallback(cfg, world, show=not quiet and rank == 0)
@@ -120,34 +132,36 @@ def _rank_main(cfg: TrainConfig, quiet: bool, torchrun: bool, checks: bool = Fal
 
 
 def run(args: argparse.Namespace) -> int:
-    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ       # as launch.in_torchrun
+    torchrun = in_torchrun()
     with usage():
-        cfg, world = check(args, torchrun)
+        job = check(args, torchrun)
+    cfg, world = job.cfg, job.world
     if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
         print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback) for "
               f"{cfg.steps} steps", file=sys.stderr, flush=True)
-    from .. import launch, outputs
-    from ..watchdog import WatchdogPolicy
-    results = launch.run(_rank_main, world, args=(cfg, args.quiet, torchrun, args.checks), timeout=args.timeout,
-                         watch=WatchdogPolicy(floor_s=args.stall_timeout))
+    from .. import launch
+    # The engine keeps its tensors on the CPU, so under torchrun too its collectives run on gloo.
+    results = launch.run(_rank_main, world, args=(cfg, args.quiet, torchrun, args.checks),
+                         timeout=args.timeout, watch=job.watch, backend="gloo")
     if torchrun:
         if int(os.environ["RANK"]):
             return 0
         results = results if isinstance(results, list) else [results]
-    _report(cfg, world, results, args.json_report, outputs)
+    _report(cfg, world, results, args.json_report)
     return 0
 
 
-def _report(cfg: TrainConfig, world: int, results: list, path: str | None, outputs) -> None:
+def _report(cfg: TrainConfig, world: int, results: list, path: str | None) -> None:
     from rich.console import Console
 
+    from .. import outputs
     from ..train import report
     console = Console()
-    r0 = results[0]
-    console.print("validation loss: " + ", ".join(f"step {s}: {v:.3f}" for s, v in r0.val)
+    console.print("validation loss: " + ", ".join(f"step {s}: {v:.3f}" for s, v in results[0].val)
                   + f"   (uniform bytes: ln 256 = {math.log(256):.3f})")
     rows = report.twins(cfg, world, results)
-    report.render(rows, console, report.probe_summary(cfg, world, results))
+    probes = report.probe_summary(cfg, world, results)
+    report.render(rows, console, probes)
     if path:
-        outputs.write_text(path, json.dumps(report.to_json(cfg, world, results, rows), indent=1))
+        outputs.write_text(path, json.dumps(report.to_json(cfg, world, results, rows, probes), indent=1))
         console.print(f"wrote {path}")

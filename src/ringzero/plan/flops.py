@@ -40,11 +40,20 @@ def attention_flops_per_token(m: ModelShape) -> float:
     return 12.0 * m.layers * m.seq * m.hidden
 
 
-def layer_flops_per_token(m: ModelShape) -> float:
-    """One block's forward + backward FLOPs per token: 6 per parameter of the block plus its
-    attention matmuls (the per-layer share of `attention_flops_per_token`)."""
+def step_flops_per_token(n_params: int, recompute: str, model: ModelShape) -> float:
+    """FLOPs a training step executes per token: `hardware_flops_per_token` plus the attention
+    matmuls it leaves out (`attention_flops_per_token`)."""
+    return hardware_flops_per_token(n_params, recompute, model) + attention_flops_per_token(model)
+
+
+def layer_flops_per_token(m: ModelShape, recompute: str = "none") -> float:
+    """One block's forward + backward FLOPs per token (`step_flops_per_token` of a one-layer model
+    without its embeddings: 6 per parameter of the block plus its attention matmuls)."""
+    import dataclasses
+
     from .shapes import param_count
-    return 6.0 * param_count(m).per_layer + attention_flops_per_token(m) / m.layers
+    one = dataclasses.replace(m, layers=1)
+    return step_flops_per_token(param_count(one).per_layer, recompute, one)
 
 
 def training_flops(n_params: int, tokens: float, recompute: str = "none", model: ModelShape | None = None) -> float:

@@ -148,3 +148,11 @@ def _activations(m: ModelShape, b: int, microbatches: int, value_bytes: int, dro
     if pp == 1:
         activations += act.head_bytes(m, b, m.seq, value_bytes=value_bytes, tp=tp)
     return math.ceil(activations)
+
+
+def host_rank_bytes(states: float, activations: float, process: float) -> int:
+    """Bytes one rank of a run on CPU ranks holds at its peak: the process itself (interpreter,
+    framework, communication library), its model states, and the activations one micro-batch saves
+    for backward, twice over (the saved tensors, and the gradients of the same size that backward
+    creates while it consumes them)."""
+    return math.ceil(process + states + 2 * activations)

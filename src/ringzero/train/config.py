@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -36,6 +37,15 @@ def _trainable(shape: ModelShape) -> bool:
         return False
 
 
+class FieldError(ValueError):
+    """A field of `TrainConfig` holds a value it cannot take; `.field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+@functools.cache
 def choices() -> dict[str, tuple[str, ...]]:
     """The values each enumerated field accepts: what `TrainConfig` validates against and what the
     command line offers (this module imports no torch, so `ringzero train` answers fast)."""
@@ -85,8 +95,8 @@ class TrainConfig:
         allowed = choices()
         for name in ("strategy", "precision", "recompute", "attention", "comm_algorithm"):
             if getattr(self, name) not in allowed[name]:
-                raise ValueError(f"{name} {getattr(self, name)!r} is not supported; "
-                                 f"allowed: {', '.join(allowed[name])}")
+                raise FieldError(name, f"{name} {getattr(self, name)!r} is not supported; "
+                                       f"allowed: {', '.join(allowed[name])}")
         for name in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "max_bytes"):
             _check(self, name, lambda v: v >= 1, "must be >= 1", integer=True)
         for name in ("seq", "log_every"):
@@ -123,13 +133,13 @@ def _check(cfg: TrainConfig, name: str, ok, rule: str, integer: bool = False, op
     if optional and value is None:
         return
     if integer and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise FieldError(name, f"{name} must be an integer, got {value!r}")
     try:
         good = ok(value)
     except TypeError:
         good = False
     if not good:
-        raise ValueError(f"{name} {rule}, got {value!r}")
+        raise FieldError(name, f"{name} {rule}, got {value!r}")
 
 
 def _number(v, kind: type, name: str):
@@ -256,8 +266,8 @@ def from_deepspeed(path: str, world: int, **overrides) -> TrainConfig:
     from_file = _settings(ds)
     try:
         cfg = TrainConfig(**{**from_file, **overrides})
-    except ValueError as exc:
-        field = str(exc).split(" ", 1)[0]
+    except FieldError as exc:
+        field = exc.field
         if field in from_file and field not in overrides:
             raise ValueError(f"{SOURCE[field]} in {path!r}: {exc}") from None
         raise

@@ -169,7 +169,6 @@ class Trainer:
         res.step_times = totals[steady]
         res.step_time = statistics.median(res.step_times)
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
-        res.skipped = self.scaler.skipped
         res.buckets = self.sharded.bucket_layout()
         res.probe = median_rates(res.probes) if res.probes else {}
         if keep_params:

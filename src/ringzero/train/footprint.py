@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..plan.memory import host_rank_bytes
 from . import predict
 from .config import TrainConfig
 
@@ -27,6 +28,7 @@ class Footprint:
     """Bytes one rank needs: the process, its model states and its activations."""
     states: int
     activations: int
+    """Bytes of the activations (twice what one micro-batch saves: see `plan.memory.host_rank_bytes`)."""
 
     @property
     def total(self) -> int:
@@ -34,9 +36,9 @@ class Footprint:
 
 
 def footprint(cfg: TrainConfig, world: int) -> Footprint:
-    states = int(sum(predict.states(cfg, world).values()))
-    activations = int(2 * predict.activations(cfg))
-    return Footprint(world, PROCESS_BYTES + states + activations, states, activations)
+    states = sum(predict.states(cfg, world).values())
+    activations = predict.activations(cfg)
+    return Footprint(world, host_rank_bytes(states, activations, PROCESS_BYTES), int(states), int(2 * activations))
 
 
 def _cgroup_room() -> int | None:

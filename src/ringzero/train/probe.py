@@ -33,7 +33,6 @@ so it is reported apart from `cost_s`, what each point adds to the run.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
@@ -49,7 +48,6 @@ from ..parallel.recompute import apply_recompute
 from ..parallel.stages import DP
 from ..parallel.topology import Topology
 from ..plan import flops
-from ..plan.shapes import ModelShape, param_count
 from . import predict
 from .config import TrainConfig
 
@@ -66,13 +64,6 @@ def probe_steps(steps: int) -> list[int]:
     """The steps before which the ranks probe (`steps` itself: after the last one), evenly spread."""
     points = min(MAX_POINTS, max(2, steps // PROBE_EVERY + 1))
     return sorted({round(i * steps / (points - 1)) for i in range(points)})
-
-
-def block_flops_per_token(m: ModelShape, recompute: str) -> float:
-    """One block's hardware FLOPs per token: the model's formula (`plan.flops`) for one layer."""
-    one = dataclasses.replace(m, layers=1)
-    return (flops.hardware_flops_per_token(param_count(one).per_layer, recompute, one)
-            + flops.attention_flops_per_token(one))
 
 
 def call_key(collective: str, elements: int, itemsize: int) -> str:
@@ -141,7 +132,7 @@ class Prober:
         self.block = holder[0]
         self.x = torch.randn(cfg.micro_batch, m.seq, m.hidden).to(self.dtype).requires_grad_()
         self.grad = torch.randn_like(self.x)      # (b, s, h), dense as the next layer's gradient is
-        self.work = block_flops_per_token(m, cfg.recompute) * cfg.micro_batch * m.seq
+        self.work = flops.layer_flops_per_token(m, cfg.recompute) * cfg.micro_batch * m.seq
         sizes, total = [], 0
         for shard in sharded.param_shards_view():
             n = min(shard.numel(), OPT_MAX_PARAMS - total)

@@ -7,9 +7,10 @@ the JSON). Figures are the busiest rank's (the maximum over ranks), per step or 
 as named. Memory, activations and bytes on the wire are exact formulas of the configuration.
 
 Step time is predicted from the planner's counts and rates measured by probes (`train.probe`) at
-five points of the run itself, every rank at once, never from the steps' own times; each rate is
-the median over the points, and the JSON lists every point and the spread of the prediction it
-gives, so a load that changed during the run shows there.
+points of the run itself (before the first step, after the last and about every 10 steps between:
+2 to 16), every rank at once, never from the steps' own times; each rate is the median over the
+points, and the JSON lists every point and the spread of the prediction it gives, so a load that
+changed during the run shows there.
 
 - Compute: the step's hardware FLOPs (6N per token, 8N with full recomputation, 6N + 4·L·s·h
   selective, plus the attention matmuls, 12·L·s·h; `plan.flops`) at the FLOP/s one block of the
@@ -98,7 +99,7 @@ def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     m = cfg.shape
     n = param_count(m).total
     tokens = cfg.micro_batch * cfg.grad_accum * m.seq
-    per_token = flops.hardware_flops_per_token(n, cfg.recompute, m) + flops.attention_flops_per_token(m)
+    per_token = flops.step_flops_per_token(n, cfg.recompute, m)
     arithmetic = per_token * tokens / rates["flops"]
     comm = comm_seconds(cfg, world, buckets, rates)
     compute = arithmetic + comm["in_compute"]
@@ -164,7 +165,9 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     return [r for r in rows if world > 1 or "communication" not in r.name]
 
 
-def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[Twin]) -> dict:
+def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[Twin],
+            probes: dict | None = None) -> dict:
+    """The report as plain data (`probes`: `probe_summary`'s, when the caller has it already)."""
     r0, busiest = results[0], _busiest(results)
     rates = busiest.probe
     return {"schema": "ringzero.train-report/2", "config": dataclasses.asdict(cfg), "world": world,
@@ -172,7 +175,7 @@ def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[
             "error_definition": ERROR_DEFINITION,
             "twins": {t.name: t.to_json() for t in rows}, "skipped_steps": r0.skipped,
             "predicted_phases": step_seconds(cfg, world, busiest.buckets, rates),
-            "probe": rates, "probes": probe_summary(cfg, world, results),
+            "probe": rates, "probes": probes or probe_summary(cfg, world, results),
             "communication_model": comm_seconds(cfg, world, busiest.buckets, rates)["source"],
             "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets),
             "ranks": [_rank_json(r) for r in results]}

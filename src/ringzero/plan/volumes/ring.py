@@ -40,7 +40,7 @@ def _rounds(sizes, n: int, first: int) -> int:
         return n - 1
     if isinstance(sizes, Chunks):
         count = sizes.total
-        return count + ((first + 1) % n >= count + 1)
+        return count + ((first + 1) % n >= count + 1) if count else 0
     return sum(1 for s in range(n - 1) if sizes[(first - s) % n] or sizes[(first - s - 1) % n])
 
 
