@@ -1,6 +1,6 @@
 """`make bench`: ringzero's ring against the backend's all-reduce, and `auto` against the fastest.
 
-On 4 local gloo ranks (issue 2 §7), in one run:
+On 4 local gloo ranks, in one run:
 
 1. ring all-reduce busbw against the backend's own C++ all_reduce (algorithm "torch") for
    1..64 MiB, the median of `--ring-reps` repetitions each, interleaved; the ratio per size.

@@ -1,4 +1,4 @@
-"""`make bench`: ringzero's dp and zero3 against torch's DDP and FSDP2, and recomputation (issue 4).
+"""`make bench`: ringzero's dp and zero3 against torch's DDP and FSDP2, and recomputation.
 
 Runs `ringzero bench train` on 2 and then 4 local gloo ranks (recomputation, which runs on one rank,
 only with the first) against peers using torch's default AdamW (foreach), then dp and zero3 again on

@@ -158,7 +158,7 @@ def _log_rounds(group, count):
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_power_of_two_closed_forms_on_the_wire(pool, n):
-    """Seed 000 §9.3.7: Rabenseifner 2·log2 n rounds and 2(n-1)/n·S; butterfly log2 n and S·log2 n."""
+    """Thakur et al. 2005 §4.1: Rabenseifner 2·log2 n rounds and 2(n-1)/n·S; butterfly log2 n and S·log2 n."""
     count = 1024
     S, k = count * 4, n.bit_length() - 1
     for rab, bfly in pool.run(_log_rounds, count, world=n):

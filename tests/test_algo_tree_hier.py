@@ -282,7 +282,7 @@ def test_subcomm_maps_ranks_and_rejects_outsiders():
 
 
 def test_plan_formulas_match_the_closed_forms():
-    """Root totals of seed 000 §9.3.7 / Thakur et al. §3, and conservation of bytes, for n <= 16."""
+    """Root totals of Thakur et al. 2005 §3, and conservation of bytes, for n <= 16."""
     for n in range(2, 17):
         lg = (n - 1).bit_length()  # ceil(log2 n)
         ar = volume(call_for("all_reduce", "tree", n, 1000), 0)

@@ -23,7 +23,7 @@ def test_tiny_run_writes_every_ratio(tmp_path, capsys):
         assert result[suite]["max_loss_diff"] < 1e-3
     modes = result["recompute"]["modes"]
     assert modes["full"]["activations"] < modes["selective"]["activations"] < modes["none"]["activations"]
-    assert "targets (issue 4)" in capsys.readouterr().out
+    assert "performance targets" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(120)

@@ -1,6 +1,6 @@
 """Every collective x algorithm x world size x element count x dtype x op, bit for bit.
 
-Issue 2 §6: world sizes {1, 2, 3, 4, 5, 7, 8}; counts 0, 1, n-1 and a large odd count; float32,
+The matrix: world sizes {1, 2, 3, 4, 5, 7, 8}; counts 0, 1, n-1 and a large odd count; float32,
 float64, bfloat16, float16, int32, int64; every op the dtype allows; non-contiguous inputs; roots
 0 and n-1. All cases of one (collective, algorithm, world) run inside one pool job.
 """

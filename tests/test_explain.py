@@ -1,5 +1,6 @@
-"""The explainer: seed 000 §9.3.6's ring walk-through, correct symbolic results for every algorithm,
-the planner's totals, the CLI, and the symbolic Comm's guards against broken algorithms."""
+"""The explainer: the textbook walk-through of the ring on 4 GPUs A-D, correct symbolic results for
+every algorithm, the planner's totals, the CLI, and the symbolic Comm's guards against broken
+algorithms."""
 
 import dataclasses
 import importlib.util
@@ -35,23 +36,23 @@ def _full(index, n):
     return "+".join(f"{symbolic.letter(r)}{index}" for r in range(n))
 
 
-# --- seed 000 §9.3.6, Ring All-Reduce on GPUs A, B, C, D ---------------------------------------
+# --- the textbook walk-through: ring all-reduce on GPUs A, B, C, D -----------------------------
 
 def test_ring_all_reduce_matches_the_seed_walkthrough():
     ex = explain("all-reduce", "ring", 4)
     assert ex.steps == 6  # N-1 reduce-scatter steps + N-1 all-gather steps
-    # Step 1: "GPU A 发 a0 给 B，B 发 b1 给 C，C 发 c2 给 D，D 发 d3 给 A".
+    # Step 1: GPU A sends a0 to B, B sends b1 to C, C sends c2 to D, D sends d3 to A.
     assert [(m.src, m.dst, _s(m.contents)) for m in ex.messages_at(1)] == [
         (0, 1, ["a0"]), (1, 2, ["b1"]), (2, 3, ["c2"]), (3, 0, ["d3"])]
-    # "GPU B 得到 a0+b0，GPU C 得到 b1+c1，GPU D 得到 c2+d2，GPU A 得到 d3+a3".
+    # GPU B now has a0+b0, GPU C b1+c1, GPU D c2+d2, GPU A d3+a3.
     after1 = [_s(buf) for buf in ex.holdings[0]]
     assert after1[1][0] == "a0+b0" and after1[2][1] == "b1+c1"
     assert after1[3][2] == "c2+d2" and after1[0][3] == "a3+d3"
-    # Step 2: "GPU B 把 a0+b0 发给 C，C 加上自己的 c0，得到 a0+b0+c0".
+    # Step 2: GPU B sends a0+b0 to C, which adds its own c0 and gets a0+b0+c0.
     assert (1, 2, ["a0+b0"]) in [(m.src, m.dst, _s(m.contents)) for m in ex.messages_at(2)]
     assert _s(ex.holdings[1][2])[0] == "a0+b0+c0"
     # After the reduce-scatter every rank holds exactly one fully reduced chunk, and each chunk
-    # is complete somewhere ("某卡持有 a0+b0+c0+d0，另一卡持有 a1+b1+c1+d1……").
+    # is complete somewhere (one GPU holds a0+b0+c0+d0, another a1+b1+c1+d1, …).
     after3 = [_s(buf) for buf in ex.holdings[2]]
     complete = [[i for i in range(4) if row[i] == _full(i, 4)] for row in after3]
     assert all(len(c) == 1 for c in complete)
@@ -63,7 +64,7 @@ def test_ring_all_reduce_matches_the_seed_walkthrough():
         assert all(len(m.contents) == 1 for m in ex.messages_at(s))
     for s in range(4, 7):
         assert all(_s(m.contents)[0].count("+") == 3 for m in ex.messages_at(s))
-    # "再经过 N-1 步，所有人都持有全部完成块".
+    # After N-1 more steps every GPU holds every complete chunk.
     full = [_full(i, 4) for i in range(4)]
     assert all(_s(buf) == full for buf in ex.holdings[5]) and all(_s(buf) == full for buf in ex.final)
 
@@ -80,7 +81,7 @@ def test_ring_cli_prints_the_walkthrough_and_the_planners_totals(capsys):
         v = volume(call, r)
         row = next(line for line in totals if line.strip().startswith(f"{'ABCD'[r]} ({r})"))
         assert row.split()[2:5] == [str(v.rounds), f"{v.bytes_sent:,}", f"{v.bytes_recv:,}"]
-        assert v.bytes_sent == 2 * 3 * (1 << 20) // 4  # seed: 2S(N-1)/N per rank
+        assert v.bytes_sent == 2 * 3 * (1 << 20) // 4  # 2S(N-1)/N per rank (Patarasuk & Yuan 2009)
 
 
 def test_json_totals_equal_the_planner(capsys):

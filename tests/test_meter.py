@@ -1,6 +1,6 @@
 """The traffic meter equals the planner's formula, byte for byte, for every algorithm and world.
 
-Issue 2 §3 and §6: per rank, for every (collective, algorithm), world size and root, bytes sent and
+Per rank, for every (collective, algorithm), world size and root, bytes sent and
 received, messages, rounds and bytes reduced measured by `TrafficMeter` equal
 `ringzero.plan.comm_volume.volume` exactly, including counts not divisible by the world size.
 """

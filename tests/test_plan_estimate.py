@@ -28,7 +28,8 @@ def test_presets_match_published_parameter_counts(name):
 
 
 def test_llama7b_zero3_fits_on_8_a100_80gb():
-    # Seed 004 §5.4: "单卡显存从 112 GB 降到 14 GB，使 7B 模型可以在 8 张 A100-80G 上训练".
+    # The worked ZeRO example: ZeRO-3 cuts per-GPU model states from 112 GB to 14 GB, so a 7B model
+    # trains on 8 A100-80GB (Rajbhandari et al. 2020: 16Ψ/N_d).
     tr = Training(micro_batch=1)
     e = estimate(model("llama-2-7b"), tr, Parallel(dp=8, zero=3, recompute="full"), A100)
     assert e.fits and e.memory.model_states == pytest.approx(16 * e.params.total / 8, abs=16)
@@ -116,7 +117,7 @@ def test_recommendation_follows_the_seed_flow():
     assert small.parallel == Parallel(dp=8, recompute="selective") and small.steps[0][1] == "yes"
     mid = recommend(model("llama-2-7b"), Training(), A100, 8)         # optimizer-dominated -> ZeRO
     assert mid.parallel.zero == 1 and mid.parallel.dp == 8
-    big = recommend(model("llama-2-70b"), Training(), A100, 128)     # seed 004 Q15: 3D with ZeRO-1
+    big = recommend(model("llama-2-70b"), Training(), A100, 128)     # 70B on 128 A100s: 3D with ZeRO-1
     assert big.parallel.tp == 8 and big.parallel.zero == 1 and big.parallel.gpus == 128
     assert estimate(model("llama-2-70b"), Training(), big.parallel, A100).fits
     assert [q for q, _, _ in big.steps][:2] == ["Does the model fit on one GPU?", "Is memory mostly optimizer states?"]

@@ -1,8 +1,11 @@
-"""Every worked example of the two seeds, reproduced by `ringzero.plan`.
+"""The textbook worked examples of distributed-training arithmetic, reproduced by `ringzero.plan`:
+GPT-3 175B's parameters, FLOPs, GPUs and memory; LLaMA-7B's data-, tensor- and pipeline-parallel
+and ZeRO traffic on 4 and 8 GPUs; a 3D layout of 32 GPUs; a 70B model on 128 A100s; GPT-3's
+activations. The sources of the formulas are in docs/references.md.
 
-Where a seed's figure is rounded, mixes units or is inconsistent, the test pins the correct value and
-says why. "MB" in seed 004's TP/PP examples are MiB: 8 x 4 x 2048 x 4096 x 2 B = 2^29 B = 512 MiB
-(536.9 MB).
+Where an example's figure is rounded, mixes units or is inconsistent, the test pins the correct value
+and says why. "MB" in the LLaMA-7B tensor/pipeline examples are MiB: 8 x 4 x 2048 x 4096 x 2 B =
+2^29 B = 512 MiB (536.9 MB).
 """
 
 from __future__ import annotations
@@ -28,17 +31,17 @@ MIXED_ADAM = state_bytes("bf16", "adam")
 LLAMA7 = model("llama-2-7b")
 
 
-# --- seed 000 §9.1: parameters, FLOPs, GPUs ---------------------------------------------------------
+# --- GPT-3 175B: parameters, FLOPs, GPUs (Kaplan et al. 2020; Brown et al. 2020) -------------------
 
 def test_gpt3_params_approximation_and_exact_count():
-    # 96 x (12 x 12288^2 + 5 x 12288) ≈ 1.74e11 ("正好是 1750 亿").
+    # 96 x (12 x 12288^2 + 5 x 12288) ≈ 1.74e11 ("exactly 175 billion", as the example puts it).
     assert approx_params(96, 12288) == pytest.approx(1.74e11, rel=5e-3)
     # The exact count (biases, LayerNorms, 50257-token embedding, 2048 positions): 174.6e9.
     assert param_count(model("gpt3-175b")).total == 174_604_259_328
 
 
 def test_gpt3_training_flops():
-    # 6 x 1.75e11 x 3e11 is 3.15e23; the seed's 3.14e23 is 6ND with the exact 174.6e9 parameters.
+    # 6 x 1.75e11 x 3e11 is 3.15e23; the quoted 3.14e23 is 6ND with the exact 174.6e9 parameters.
     assert flops.training_flops(175e9, 300e9) == pytest.approx(3.15e23)
     assert flops.training_flops(param_count(model("gpt3-175b")).total, 300e9) == pytest.approx(3.14e23, rel=2e-3)
     assert flops.training_flops(175e9, 300e9, recompute="full") == pytest.approx(8 * 175e9 * 300e9)
@@ -46,14 +49,14 @@ def test_gpt3_training_flops():
 
 def test_a100s_for_30_days_at_half_mfu():
     total = 3.14e23
-    assert flops.sustained_flops(total, 30) == pytest.approx(1.2e17, rel=0.01)          # "约 1.2e17 FLOP/s"
+    assert flops.sustained_flops(total, 30) == pytest.approx(1.2e17, rel=0.01)          # "≈ 1.2e17 FLOP/s"
     assert flops.sustained_flops(total, 30) / 0.5 == pytest.approx(2.4e17, rel=0.01)    # peak needed
-    # "30 天训完 175B，理论上至少需要数百张 A100": 2.42e17 / 3.12e14 = 776.5 -> 777 A100s.
+    # "175B in 30 days needs at least several hundred A100s": 2.42e17 / 3.12e14 = 776.5 -> 777 A100s.
     assert flops.gpus_needed(total, 30, 3.12e14, 0.5) == 777
     assert flops.training_days(total, 777, 3.12e14, 0.5) <= 30 < flops.training_days(total, 776, 3.12e14, 0.5)
 
 
-# --- seed 000 §9.2: the memory wall ------------------------------------------------------------------
+# --- GPT-3 175B: the memory wall (Rajbhandari et al. 2020 §3.1) ---------------------------------------
 
 def test_gpt3_static_memory():
     params, grads, optimizer, _ = model_states(175_000_000_000, MIXED_ADAM)
@@ -71,20 +74,20 @@ def test_gpus_of_80gb_to_hold_gpt3_states():
 def test_gradient_sync_time_infiniband_vs_nvlink():
     grads = 175e9 * 2                                                    # 350 GB of fp16 gradients
     assert transfer_seconds(grads, 50e9) == pytest.approx(7.0)           # InfiniBand ~50 GB/s
-    assert transfer_seconds(grads, 1.8e12) == pytest.approx(0.194, abs=1e-3)   # NVLink ~1.8 TB/s: "约 0.2 秒"
+    assert transfer_seconds(grads, 1.8e12) == pytest.approx(0.194, abs=1e-3)   # NVLink ~1.8 TB/s: "≈ 0.2 s"
 
 
-# --- seed 004 §2: data parallel ---------------------------------------------------------------------
+# --- LLaMA-7B: data parallel (Patarasuk & Yuan 2009; Li et al. 2014) ---------------------------------
 
 def test_llama7b_naive_vs_ring_on_4_gpus():
     phi = 7e9 * 2                                       # bytes of fp16 gradients
-    assert seed_dp_bytes(4, phi, "naive") == 112 * GB   # seed's 2·N·Φ, a system total
+    assert seed_dp_bytes(4, phi, "naive") == 112 * GB   # the example's 2·N·Φ, a system total
     assert seed_dp_bytes(4, phi, "ring") == 21 * GB     # per GPU
     ring = [volume(call_for("all_reduce", "ring", 4, 7_000_000_000, 2), r) for r in range(4)]
     assert all(v.bytes_sent == v.bytes_recv == 21 * GB for v in ring)
     naive = [volume(call_for("all_reduce", "naive", 4, 7_000_000_000, 2), r) for r in range(4)]
     # Exactly: the root receives and sends (N-1)·Φ = 42 GB; each worker Φ each way; the system
-    # sends 2(N-1)·Φ = 84 GB, which the seed rounds up to 2·N·Φ = 112 GB.
+    # sends 2(N-1)·Φ = 84 GB, which the example rounds up to 2·N·Φ = 112 GB.
     assert naive[0].bytes_sent == naive[0].bytes_recv == 42 * GB
     assert all(v.bytes_sent == v.bytes_recv == 14 * GB for v in naive[1:])
     assert sum(v.bytes_sent for v in naive) == sum(v.bytes_sent for v in ring) == 84 * GB
@@ -102,14 +105,14 @@ def test_ring_time_formula_q11():
     assert op_seconds(op, hw) == pytest.approx(expected, rel=1e-6)
 
 
-# --- seed 004 §3: tensor parallel -------------------------------------------------------------------
+# --- LLaMA-7B: tensor parallel (Shoeybi et al. 2019; Narayanan et al. 2021 §3.2) ---------------------
 
 def test_tensor_parallel_bytes_per_ffn_and_layer():
     b, s, h = 4, 2048, 4096
     assert seed_tp_bytes_per_layer(b, s, h) / 2 == 256 * MiB     # FFN: 2 all-reduces of 2bsh
     assert seed_tp_bytes_per_layer(b, s, h) == 512 * MiB         # layer: 8bsh
-    assert 32 * seed_tp_bytes_per_layer(b, s, h) == 16 * GiB     # "张量并行总通信量为 16 GB"
-    # Exactly, a ring all-reduce over t ranks sends 2(t-1)/t·bsh: at t = 2 half the seed's limit.
+    assert 32 * seed_tp_bytes_per_layer(b, s, h) == 16 * GiB     # "16 GB of tensor-parallel traffic in all"
+    # Exactly, a ring all-reduce over t ranks sends 2(t-1)/t·bsh: at t = 2 half the large-t limit.
     m = replace(LLAMA7, seq=s)
     (op,) = tensor_parallel_ops(m, Training(micro_batch=b), Parallel(tp=2), 8)
     per_layer = op.bytes_sent / m.layers
@@ -118,7 +121,7 @@ def test_tensor_parallel_bytes_per_ffn_and_layer():
     assert op8.bytes_sent / m.layers == 512 * MiB * 7 / 8
 
 
-# --- seed 004 §4: pipeline parallel -----------------------------------------------------------------
+# --- LLaMA-7B: pipeline parallel (Narayanan et al. 2021 §3.2; GPipe, Huang et al. 2019) --------------
 
 def test_pipeline_bytes_on_four_stages():
     b, s, h = 4, 2048, 4096
@@ -126,7 +129,7 @@ def test_pipeline_bytes_on_four_stages():
     m = replace(LLAMA7, seq=s)
     (op,) = pipeline_ops(m, Training(micro_batch=b), Parallel(pp=4), 8)
     # A middle stage sends one activation forward and one gradient back: 2 x 64 MiB; the three
-    # boundaries carry the seed's 384 MiB together.
+    # boundaries carry the example's 384 MiB together.
     assert op.bytes_sent == 128 * MiB
     assert 3 * 2 * b * s * h * 2 == seed_pp_bytes(4, b, s, h)
 
@@ -139,11 +142,11 @@ def test_pipeline_bubble():
     assert t.bubble == pytest.approx(t.compute * 3 / 8)
 
 
-# --- seed 004 §5 / seed 000 §9.4.2: ZeRO ------------------------------------------------------------
+# --- LLaMA-7B and 70B: ZeRO (Rajbhandari et al. 2020 §5, §7) ------------------------------------------
 
 def test_zero_traffic_llama7b_on_8_gpus():
     phi = 7e9 * 2
-    assert 2 * phi == 28 * GB and 3 * phi == 42 * GB               # the seed's 2Φ and 3Φ
+    assert 2 * phi == 28 * GB and 3 * phi == 42 * GB               # the textbook 2Φ and 3Φ
     # Exactly, each ring phase sends (N-1)/N·Φ: 24.5 GB and 36.75 GB on 8 GPUs.
     rs = volume(call_for("reduce_scatter", "ring", 8, 7_000_000_000, 2), 0).bytes_sent
     ag = volume(call_for("all_gather", "ring", 8, 7_000_000_000, 2), 0).bytes_sent
@@ -164,17 +167,19 @@ def test_zero_memory_formulas():
 
 
 def test_q6_optimizer_share_on_1024_gpus():
-    # 12Φ/1024 ≈ 0.012Φ: with dp x tp x pp = 1024 the optimizer is a sliver of each GPU's memory.
+    # The example of a 1024-GPU cluster: 12Φ/1024 ≈ 0.012Φ; with dp x tp x pp = 1024 the optimizer
+    # is a sliver of each GPU's memory next to the 2Φ/(tp·pp) of weights and of gradients.
     p, g, o, _ = model_states(70_000_000_000, MIXED_ADAM, dp=64, zero=1, tp=8, pp=2)
     assert o == pytest.approx(12 * 70e9 / 1024, abs=12)
     assert p == g == pytest.approx(2 * 70e9 / 16, abs=2)
 
 
 def test_q15_70b_on_128_a100s():
+    # The worked example of a 70B model on 128 A100-80GB: TP = 8, PP = 2, DP = 8 with ZeRO-1.
     b, s, h = 8, 4096, 8192
-    # TP = 8 inside the node: 8·b·s·h x 2 B per layer = 4 GiB for b = 8 ("≈ 4 GB/层").
+    # TP = 8 inside the node: 8·b·s·h x 2 B per layer = 4 GiB for b = 8 ("≈ 4 GB per layer").
     assert seed_tp_bytes_per_layer(b, s, h) == 4 * GiB
-    # PP = 2: 2·(p-1)·b·s·h x 2 B is 1 GiB at the same b = 8; the seed's "≈ 0.5 GB" needs b = 4,
+    # PP = 2: 2·(p-1)·b·s·h x 2 B is 1 GiB at the same b = 8; the example's "≈ 0.5 GB" needs b = 4,
     # i.e. its TP and PP lines use different batch sizes.
     assert seed_pp_bytes(2, b, s, h) == 1 * GiB
     assert seed_pp_bytes(2, 4, s, h) == 0.5 * GiB
@@ -182,11 +187,12 @@ def test_q15_70b_on_128_a100s():
     assert 2 * 70e9 * 2 / (8 * 2) == 17.5 * GB
     count = 70_000_000_000 // 16
     assert volume(call_for("all_reduce", "ring", 8, count, 2), 0).bytes_sent == 2 * 7 / 8 * count * 2
-    # Q6's memory: 2Φ/16 + 2Φ/16 + 12Φ/128 = 8.75 + 8.75 + 6.5625 GB: ZeRO-1 fits in 80 GB.
+    # Its memory, as in the 1024-GPU example: 2Φ/16 + 2Φ/16 + 12Φ/128 = 8.75 + 8.75 + 6.5625 GB:
+    # ZeRO-1 fits in 80 GB.
     assert sum(model_states(70_000_000_000, MIXED_ADAM, dp=8, zero=1, tp=8, pp=2)) == pytest.approx(24.0625 * GB)
 
 
-# --- seed 000 §9.4.4: activations -------------------------------------------------------------------
+# --- GPT-3 175B: activations (Korthikanti et al. 2022 §4) ---------------------------------------------
 
 def test_korthikanti_per_layer_formula():
     m = model("gpt3-175b")
@@ -202,8 +208,9 @@ def test_korthikanti_per_layer_formula():
 
 def test_gpt3_activations_example():
     # b·s = 3.2M tokens, s = 2048 -> b ≈ 1563; h = 12288, a = 96, L = 96. One sequence already
-    # holds 96 x (34sbh + 5as²b) = 275 GB ("数百 GB"); the whole 1563-sequence batch ~430 TB, far
-    # beyond the seed's "逼近 TB": nobody holds a whole batch on one GPU, hence micro-batches.
+    # holds 96 x (34sbh + 5as²b) = 275 GB ("hundreds of GB"); the whole 1563-sequence batch ~430 TB,
+    # far beyond the example's "approaching a TB": nobody holds a whole batch on one GPU, hence
+    # micro-batches.
     one = 96 * act.korthikanti(1, 2048, 12288, 96)
     assert one == pytest.approx(275e9, rel=0.01)
     assert 96 * act.korthikanti(1563, 2048, 12288, 96) == pytest.approx(430e12, rel=0.01)
@@ -211,7 +218,7 @@ def test_gpt3_activations_example():
 
 
 def test_3d_example_32_gpus():
-    # Seed 004 §6.3-6.4: DP = 2, TP = 4, PP = 4. C_DP = 2Φ/(tp·pp) in the large-N limit; with two
+    # The 3D example on 32 GPUs: DP = 2, TP = 4, PP = 4. C_DP = 2Φ/(tp·pp) in the large-N limit; with two
     # data-parallel ranks the ring sends exactly half of it, 2(N-1)/N = 1.
     from ringzero.plan.estimate import estimate
     from ringzero.plan.hardware import hardware

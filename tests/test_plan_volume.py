@@ -1,4 +1,4 @@
-"""The planner's traffic formulas: the seeds' closed forms, and properties over every algorithm.
+"""The planner's traffic formulas: the published closed forms, and properties over every algorithm.
 
 Pure Python (no ranks): the meter tests check these same functions against real traffic.
 """
@@ -17,7 +17,7 @@ GB = 10**9
 
 
 def test_ring_all_reduce_sends_2_n_minus_1_over_n_S():
-    """Seed 004 §2.4: C_ring = 2(N-1)/N·Φ per GPU, exactly when S divides by N."""
+    """Patarasuk & Yuan 2009: C_ring = 2(N-1)/N·Φ per GPU, exactly when S divides by N."""
     for n in (2, 3, 4, 8, 16):
         count = 1024 * n
         for v in volumes(call_for("all_reduce", "ring", n, count, 4)):
@@ -34,13 +34,14 @@ def test_ring_uses_exact_chunk_sizes_when_S_is_not_divisible():
 
 
 def test_llama_7b_on_4_gpus_naive_112_GB_vs_ring_21_GB():
-    """Seed 004 §2.4: Φ = 7B fp16 on 4 GPUs; ring 21 GB per GPU. The seed totals naive at 2·N·Φ =
-    112 GB; on the wire it is 2·(N-1)·Φ = 84 GB, because the root's own gradient never travels."""
+    """The worked example of LLaMA-7B's fp16 gradients (Φ = 7B) on 4 GPUs: ring 21 GB per GPU. The
+    example totals naive at 2·N·Φ = 112 GB; on the wire it is 2·(N-1)·Φ = 84 GB, because the root's
+    own gradient never travels."""
     phi, n = 7 * 10**9, 4
     naive = volumes(call_for("all_reduce", "naive", n, phi, 2))
     ring = volumes(call_for("all_reduce", "ring", n, phi, 2))
     total_naive = sum(v.bytes_sent + v.bytes_recv for v in naive) // 2  # each byte counted once
-    assert total_naive == 2 * (n - 1) * phi * 2  # 84 GB moved; the seed's 2·N·Φ = 112 GB counts the root too
+    assert total_naive == 2 * (n - 1) * phi * 2  # 84 GB moved; the quoted 2·N·Φ = 112 GB counts the root too
     assert naive[0].bytes_recv == naive[0].bytes_sent == (n - 1) * phi * 2  # the root: (N-1)·Φ each way
     assert ring[1].bytes_sent == 21 * GB
 
@@ -78,7 +79,7 @@ def test_every_byte_sent_is_received(key, n, count):
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(2, 64))
 def test_ring_volume_tends_to_2S(n):
-    """Seed 000 §9.3.6: as N grows, (N-1)/N -> 1 and ring traffic per rank -> 2S from below."""
+    """Patarasuk & Yuan 2009: as N grows, (N-1)/N -> 1 and ring traffic per rank -> 2S from below."""
     count = 10**6 * n
     v = volume(call_for("all_reduce", "ring", n, count, 1), 0)
     assert v.bytes_sent < 2 * count

@@ -1,4 +1,4 @@
-"""Collectives inside a group that excludes some ranks and renumbers the rest (issue 2 §6).
+"""Collectives inside a group that excludes some ranks and renumbers the rest.
 
 The pool's prefix groups {0..k-1} map group rank i to global rank i; here the group is global ranks
 [6, 1, 4] (group ranks 0, 1, 2), so every algorithm must translate ranks, and ranks 0, 2, 3, 5, 7

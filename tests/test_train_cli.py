@@ -1,4 +1,4 @@
-"""`ringzero train` from the command line (issue 4, "Tests"): bad input is one line on stderr, exit
+"""`ringzero train` from the command line: bad input is one line on stderr, exit
 code 2 and nothing written, before any rank starts; a DeepSpeed config maps to the right
 `TrainConfig`; one real run on 2 ranks writes a JSON report whose memory and traffic twins match.
 """

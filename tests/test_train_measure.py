@@ -1,8 +1,8 @@
-"""The engine's measurements equal the planner's predictions (issue 4, "Tests"): model-state bytes,
+"""The engine's measurements equal the planner's predictions: model-state bytes,
 bytes on the wire per step, and bytes saved for backward.
 
 - Memory: `RankResult.held` (params, grads, optimizer; tensor sizes, padding included) against
-  `predict.states(cfg, world)`, the ZeRO formulas (seed 000 §9.4.2). Each flat bucket is padded to
+  `predict.states(cfg, world)`, the ZeRO formulas (Rajbhandari et al. 2020). Each flat bucket is padded to
   a multiple of the ranks (`FlatBucket`), so measured - predicted is in [0, buckets x world x
   bytes per element) for every state (0 exactly under DP, which pads nothing).
 - Traffic: the bytes the meter counted in the measured step, summed over its collectives, equal

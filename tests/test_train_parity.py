@@ -1,6 +1,6 @@
 """Parity: DP and ZeRO-1/2/3 on 2, 3 and 4 ranks train to the same parameters as one process.
 
-Issue 4, "Tests". Two references:
+Two references:
 
 - ringzero's GPT: `train_rank` with `strategy="single"` on a world of 1, fed the same global batch.
   The data loader gives data-parallel rank r windows [r·B·A, (r+1)·B·A) of the step's global batch

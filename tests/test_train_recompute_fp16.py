@@ -1,12 +1,12 @@
 """Activation recomputation changes memory, not numbers; an fp16 overflow on one rank skips the step
-on every rank (issue 4, "Tests").
+on every rank.
 
-- Recomputation (seed 000 §9.4.4): with the same seed, none / selective / full give bitwise equal
-  losses and gradients, with dropout 0 and 0.1 (torch's checkpoint restores the RNG state before
-  the re-run, so the recomputed dropout masks are the forward's), eager and sdpa attention; the
-  bytes saved for backward fall strictly in the order none > selective > full. Also end to end:
-  ZeRO-3 on 2 ranks (whose layers are re-gathered for the recomputed forward) trains to the same
-  losses and parameters in every mode.
+- Recomputation (Chen et al. 2016; Korthikanti et al. 2022): with the same seed, none / selective /
+  full give bitwise equal losses and gradients, with dropout 0 and 0.1 (torch's checkpoint restores
+  the RNG state before the re-run, so the recomputed dropout masks are the forward's), eager and sdpa
+  attention; the bytes saved for backward fall strictly in the order none > selective > full. Also end
+  to end: ZeRO-3 on 2 ranks (whose layers are re-gathered for the recomputed forward) trains to the
+  same losses and parameters in every mode.
 - fp16 (Micikevicius et al. 2018): an inf written into one parameter's gradient on rank 1 only,
   before the reduction, makes every rank skip the update (its ZeRO shard alone would be finite:
   the global-norm all-reduce carries the overflow) and halve `LossScaler.scale`; parameters and

@@ -2,7 +2,7 @@
 
     ringzero bench train --nproc 2 --steps 14 --json out/bench_train.json
 
-Issue 4's targets, each printed with its ratio and whether it is met:
+The targets, each printed with its ratio and whether it is met:
 
 - `dp` step time <= 1.00 x DistributedDataParallel's (gradient buckets of `--bucket-mb` MiB for
   both: ringzero's `bucket_mb` and DDP's `bucket_cap_mb`);
@@ -231,7 +231,7 @@ def print_report(result: dict, console=None) -> None:
                       f"{v['saved']:.1%}" if "saved" in v else "", f"{v['extra_time']:+.1%}" if "saved" in v else "",
                       f"{v['max_loss_diff']:.1e}" if "saved" in v else "")
         console.print(t)
-    t = Table(title="targets (issue 4)", title_justify="left", box=box.SIMPLE_HEAD)
+    t = Table(title="performance targets", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("target", "measured", "bound", "met"):
         t.add_column(col, justify="left" if col == "target" else "right")
     for row in result["targets"]:

@@ -1,17 +1,17 @@
-"""`ringzero explain`: a collective algorithm, step by step, in the seed's symbols.
+"""`ringzero explain`: a collective algorithm, step by step, on symbolic chunks (a0, b1, …).
 
     ringzero explain all-reduce --algorithm ring --world 4
 
-prints seed 000 §9.3.6's walk-through: step 1 "A → B: a0", "B → C: b1", "C → D: c2", "D → A: d3",
-then what every rank holds (B's chunk 0 is now a0+b0), and so on until every rank holds
-a0+b0+c0+d0 … a3+b3+c3+d3; then the planner's totals (rounds, bytes and messages per rank) for a
-message of `--bytes`, all formatted by `ringzero.comm.explain_render`. Nothing here knows how an
-algorithm works: `explain()` runs the function in `ringzero.comm.registry` on the symbolic Comm of
-`ringzero.comm.symbolic`, with one element per chunk so that element i is chunk i. Rank r's input
-element i is the term letter(r)+i:
+prints the textbook walk-through of the ring on 4 GPUs A-D: step 1 "A → B: a0", "B → C: b1",
+"C → D: c2", "D → A: d3", then what every rank holds (B's chunk 0 is now a0+b0), and so on until
+every rank holds a0+b0+c0+d0 … a3+b3+c3+d3; then the planner's totals (rounds, bytes and messages
+per rank) for a message of `--bytes`, all formatted by `ringzero.comm.explain_render`. Nothing here
+knows how an algorithm works: `explain()` runs the function in `ringzero.comm.registry` on the
+symbolic Comm of `ringzero.comm.symbolic`, with one element per chunk so that element i is chunk i.
+Rank r's input element i is the term letter(r)+i:
 
 - all_reduce, reduce, reduce_scatter: rank r holds r0 … r(n-1) (every rank a full buffer);
-- all_gather, gather: rank r holds its own chunk r (a0 on A, b1 on B, …, as in §9.3.5);
+- all_gather, gather: rank r holds its own chunk r (a0 on A, b1 on B, …);
 - broadcast, scatter: the root holds every chunk, the others nothing;
 - all_to_all: rank r's send chunk j is rj; the table shows the receive buffers.
 """

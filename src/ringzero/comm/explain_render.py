@@ -72,7 +72,7 @@ def _bytes(b: int) -> str:
 def render(ex: Explanation, count: int, vols: list[Volume], console: Console | None = None) -> None:
     """The walk-through for people: each step's messages and the table of holdings after it."""
     n = ex.world
-    compact = n > 4  # the seed's full sums (a0+b0+c0+d0) up to four ranks, a0+…+e0 beyond
+    compact = n > 4  # full sums (a0+b0+c0+d0) up to four ranks, a0+…+e0 beyond
     width = max(len(fmt(v, compact)) for rows in (ex.initial, ex.final, *ex.holdings)
                 for row in rows for v in row)
     console = console or Console(highlight=False)

@@ -6,8 +6,8 @@ exact traffic formulas) using the calibration of this machine (`comm.cost`, fitt
 `ringzero bench comm --calibrate`), or `plan.network.DEFAULT` when there is none; the cheapest
 wins, ties going to the first in `registry.TABLE` order. This is how MPICH picks between its
 algorithms (Thakur, Rabenseifner & Gropp 2005), with measured instead of hand-set thresholds, and
-what seed 000 §9.3.7 recommends: ring for few ranks and large tensors, Rabenseifner or trees when
-messages are small and α dominates.
+it reproduces the usual rule of thumb: ring for few ranks and large tensors, Rabenseifner or trees
+when messages are small and α dominates.
 
 Only algorithms whose module exists are considered, and `hierarchical` only when the group spans
 more than one node (ranks_per_node < n). The choice is a pure function of its arguments and the

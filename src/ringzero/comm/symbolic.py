@@ -156,7 +156,7 @@ class SymComm:
         self.rank, self.size, self.itemsize = rank, world.n, itemsize
         self.ranks_per_node = ranks_per_node
         # Algorithms post each step's sends and receives together here (as on NCCL), so a
-        # round is one exchange call and steps line up with the seed's walk-throughs.
+        # round is one exchange call and steps line up with the textbook walk-throughs.
         self.async_p2p = False
         self.rounds = 0
         self._clock = 0  # largest step this rank has taken part in (rounds posted or received)

@@ -1,10 +1,10 @@
 """The values a symbolic rank's buffer holds (`ringzero.comm.symbolic` runs algorithms over them).
 
-A value is a multiset of terms; rank r's element i is the term written letter(r)+i (rank 0's is
-`a0`, rank 1's `b0`, as in seed 000 §9.3.6 where GPU A sends a0 to B), and a reduction merges
-multisets, so after a ring all-reduce every rank holds `a0+b0+c0+d0` at element 0. Never-written
-scratch is `None` ('·'); reducing into or from it gives `JUNK` ('?'), which no correct result
-contains.
+A value is a multiset of terms; rank r's element i is the term written letter(r)+i (rank 0's is `a0`,
+rank 1's `b0`, as in the textbook walk-through of the ring on GPUs A-D, where A sends a0 to B), and a
+reduction merges multisets, so after a ring all-reduce every rank holds `a0+b0+c0+d0` at element 0.
+Never-written scratch is `None` ('·'); reducing into or from it gives `JUNK` ('?'), which no correct
+result contains.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def fmt(value, compact: bool = False) -> str:
 
     With `compact`, four or more consecutive ranks with the same index print as `a0+…+d0`, so a
     full 16-rank sum stays readable (`a0+…+p0`). The explainer uses it above four ranks only, where
-    the seed's full form (`a0+b0+c0+d0`) would not fit.
+    the full form (`a0+b0+c0+d0`) would not fit.
     """
     if value is None:
         return "·"

@@ -1,4 +1,4 @@
-"""Adam on this rank's shard, with fp32 master weights (seed 000 §9.2.1-9.2.2, §9.4.2).
+"""Adam on this rank's shard, with fp32 master weights (Rajbhandari et al. 2020 §3.1, §5).
 
 Kingma & Ba (2015): m = β1·m + (1-β1)·g, v = β2·v + (1-β2)·g², w -= lr · m̂ / (sqrt(v̂) + ε) with
 m̂ = m/(1-β1^t), v̂ = v/(1-β2^t); AdamW's decoupled decay (Loshchilov & Hutter 2019) multiplies w by

@@ -1,4 +1,4 @@
-"""Mixed precision (seed 000 §9.2.1; Micikevicius et al. 2018, "Mixed Precision Training").
+"""Mixed precision (Micikevicius et al. 2018, "Mixed Precision Training").
 
 fp32 trains in fp32. bf16 and fp16 keep 16-bit weights and gradients (2 + 2 bytes per parameter)
 and fp32 master weights and Adam moments in the optimizer (12 bytes). fp16's narrow exponent

@@ -1,4 +1,4 @@
-"""Activation recomputation (seed 000 §9.4.4; Chen et al. 2016; Korthikanti et al. 2022) and the
+"""Activation recomputation (Chen et al. 2016; Korthikanti et al. 2022) and the
 meter that counts the bytes saved for backward.
 
 - "full": every layer (each child of an `nn.ModuleList`, e.g. a transformer block) runs under

@@ -1,6 +1,6 @@
-"""What each data-parallel strategy shards, as types (STYLE.md §6), and its configuration.
+"""What each data-parallel strategy shards, as types (as FSDP2's `ShardedState`), and its configuration.
 
-Seed 000 §9.4.2 (Rajbhandari et al. 2020): DP replicates everything and all-reduces gradients;
+Rajbhandari et al. 2020 (§5): DP replicates everything and all-reduces gradients;
 ZeRO-1 shards the optimizer states (reduce-scatter gradients, update the own shard, all-gather
 weights); ZeRO-2 also shards gradients (each bucket is reduce-scattered during backward and the
 full gradient freed); ZeRO-3 also shards weights (all-gather each layer before its forward and

@@ -1,4 +1,4 @@
-"""The rank grid, built once, validated, and passed explicitly (STYLE.md §2).
+"""The rank grid, built once, validated, and passed explicitly (no module-level process groups).
 
 The engine runs data parallelism (with ZeRO) over every rank of `group`; tensor and pipeline
 parallelism exist in the planner only for now, so a grid with tp or pp > 1 is rejected here with a

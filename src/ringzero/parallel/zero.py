@@ -1,4 +1,4 @@
-"""Data parallelism and ZeRO-1/2/3 over flat buckets (seed 000 §9.3.2, §9.4.2).
+"""Data parallelism and ZeRO-1/2/3 over flat buckets (Li et al. 2020; Rajbhandari et al. 2020).
 
 `apply_sharding(model, topology, config)` lays the parameters out in `FlatBucket`s and hooks the
 model so that, per `config.stage`:

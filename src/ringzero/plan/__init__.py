@@ -1,7 +1,7 @@
 """Pure formulas (no torch import): the single home of every number ringzero predicts.
 
 Model shapes and parameter counts, FLOPs, memory per GPU (ZeRO, offload, TP/PP, activations),
-bytes on the wire per algorithm and per strategy, α-β time, the whole-plan estimate, seed 004's
+bytes on the wire per algorithm and per strategy, α-β time, the whole-plan estimate, the strategy
 recommendation and the configuration search. Everything else in ringzero (the collectives' cost
 model, the engine's predicted-vs-measured report, the tests) calls these functions instead of
 re-deriving them.

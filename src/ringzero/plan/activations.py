@@ -1,4 +1,4 @@
-"""Activation memory: the bytes saved for backward (seed 000 §9.4.4; Korthikanti et al. 2022).
+"""Activation memory: the bytes saved for backward (Korthikanti et al. 2022).
 
 Korthikanti et al. ("Reducing Activation Recomputation in Large Transformer Models", §4.1) count
 every tensor one transformer block keeps for its backward, in fp16 with dropout and eager
@@ -41,7 +41,7 @@ KORTHIKANTI_AS2B = 5
 
 
 def korthikanti(b: int, s: int, h: int, a: int) -> int:
-    """Seed 000 §9.4.4: 34·b·s·h + 5·a·s²·b bytes per layer (fp16, dropout, eager, no TP)."""
+    """Korthikanti et al. 2022 eq. 1: 34·b·s·h + 5·a·s²·b bytes per layer (fp16, dropout, eager, no TP)."""
     return KORTHIKANTI_SBH * b * s * h + KORTHIKANTI_AS2B * a * s * s * b
 
 

@@ -1,5 +1,6 @@
-"""The seed's communication formulas next to the exact traffic, per strategy, for one model
-(seed 004 §2.4, §3.4, §4.4, §5.4), and the memory of DP vs ZeRO-1/2/3 for the same run.
+"""The textbook communication formulas next to the exact traffic, per strategy, for one model
+(the large-N and large-t limits of Patarasuk & Yuan 2009, Narayanan et al. 2021 §3.2 and
+Rajbhandari et al. 2020 §7), and the memory of DP vs ZeRO-1/2/3 for the same run.
 
 Pure data, no formatting: `ringzero plan` renders `strategy_comparison` as a table and plots
 `memory_by_stage`. Φ is the gradient (= weight) bytes one model-parallel rank owns,
@@ -27,7 +28,7 @@ from .strategy_comm import seed_dp_bytes, seed_pp_bytes, seed_tp_bytes_per_layer
 
 @dataclass(frozen=True)
 class Row:
-    """One strategy: the seed's bytes and the exact bytes, over the same scope."""
+    """One strategy: the textbook formula's bytes and the exact bytes, over the same scope."""
 
     strategy: str
     group: int
@@ -43,7 +44,7 @@ class Row:
 
     @property
     def ratio(self) -> float:
-        """exact / seed (1.0 when both are 0)."""
+        """exact / formula (1.0 when both are 0)."""
         return self.exact_bytes / self.seed_bytes if self.seed_bytes else 1.0
 
 
@@ -115,7 +116,7 @@ def pp_row(m: ModelShape, tr: Training, par: Parallel) -> Row:
 
 
 def strategy_comparison(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int = 8) -> list[Row]:
-    """Every strategy's seed formula next to its exact bytes (see the module doc)."""
+    """Every strategy's textbook formula next to its exact bytes (see the module doc)."""
     return [*dp_rows(m, tr, par), tp_row(m, tr, par, gpus_per_node), pp_row(m, tr, par)]
 
 

@@ -1,9 +1,10 @@
 """What is trained and how it is split: the planner's typed, validated inputs (besides the model
 shape and the hardware).
 
-`Training` is the step (micro-batch, global batch, tokens, precision, optimizer); `Parallel` the
-rank grid and the memory techniques (seed 000 §9.3-9.4, seed 004 §2-§6). Both are frozen and
-reject an unsupported value with a one-line error naming what is allowed.
+`Training` is the step (micro-batch, global batch, tokens, precision, optimizer); `Parallel` the rank
+grid and the memory techniques (ZeRO, Rajbhandari et al. 2020; tensor and pipeline parallelism,
+Shoeybi et al. 2019 and Narayanan et al. 2021). Both are frozen and reject an unsupported value with a
+one-line error naming what is allowed.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class Training:
     """Training tokens D for the totals (FLOPs, days); None: 20 per parameter (Chinchilla)."""
     precision: str = "bf16"
     """"fp32", or "bf16"/"fp16": 16-bit parameters and gradients with fp32 master weights and
-    optimizer moments (seed 000 §9.2.1: 2 + 2 + 12 bytes per parameter with Adam)."""
+    optimizer moments (Rajbhandari et al. 2020 §3.1: 2 + 2 + 12 bytes per parameter with Adam)."""
     optimizer: str = "adam"
     """"adam" (two fp32 moments) or "sgd-momentum" (one)."""
     dropout: bool = True
@@ -76,11 +77,11 @@ class Parallel:
     dp: int = 1
     """Data-parallel ranks (the ZeRO sharding degree N_d)."""
     tp: int = 1
-    """Tensor-parallel ranks (Megatron-LM column/row split; seed 004 §3)."""
+    """Tensor-parallel ranks (Megatron-LM column/row split; Shoeybi et al. 2019 §3)."""
     pp: int = 1
-    """Pipeline stages (seed 004 §4)."""
+    """Pipeline stages (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021 §2.2)."""
     zero: int = 0
-    """ZeRO stage 0-3 over the data-parallel group (seed 000 §9.4.2)."""
+    """ZeRO stage 0-3 over the data-parallel group (Rajbhandari et al. 2020 §5)."""
     offload: str = "none"
     """Where the optimizer states live: "none" (GPU), "cpu" (ZeRO-Offload), "nvme" (ZeRO-Infinity)."""
     sequence_parallel: bool = False

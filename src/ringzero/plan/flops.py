@@ -1,4 +1,4 @@
-"""Training compute: FLOPs, days and GPUs (seed 000 §9.1.2-9.1.3).
+"""Training compute: FLOPs, days and GPUs (Kaplan et al. 2020 §2.1; MFU, Chowdhery et al. 2022).
 
     FLOPs ≈ 6·N·D
 
@@ -57,12 +57,13 @@ def layer_flops_per_token(m: ModelShape, recompute: str = "none") -> float:
 
 
 def training_flops(n_params: int, tokens: float, recompute: str = "none", model: ModelShape | None = None) -> float:
-    """Total FLOPs to train on `tokens` tokens (seed: 6 x 1.75e11 x 3e11 ≈ 3.14e23)."""
+    """Total FLOPs to train on `tokens` tokens (GPT-3 175B on 300B tokens: 6 x 1.75e11 x 3e11 ≈ 3.15e23;
+    Brown et al. 2020, Table D.1, give 3.14e23)."""
     return hardware_flops_per_token(n_params, recompute, model) * tokens
 
 
 def sustained_flops(total_flops: float, days: float) -> float:
-    """FLOP/s needed to finish in `days` (seed: 3.14e23 in 30 days ≈ 1.2e17 FLOP/s)."""
+    """FLOP/s needed to finish in `days` (GPT-3's 3.14e23 in 30 days ≈ 1.2e17 FLOP/s)."""
     return total_flops / (days * SECONDS_PER_DAY)
 
 
@@ -72,5 +73,5 @@ def training_days(total_flops: float, gpus: int, peak_flops: float, mfu: float) 
 
 
 def gpus_needed(total_flops: float, days: float, peak_flops: float, mfu: float) -> int:
-    """GPUs to finish in `days` at `mfu` (seed 000 §9.1.3: 175B on A100s in 30 days at 50 %)."""
+    """GPUs to finish in `days` at `mfu` (GPT-3 175B in 30 days on A100s at 50 % MFU: 777)."""
     return math.ceil(sustained_flops(total_flops, days) / (peak_flops * mfu))

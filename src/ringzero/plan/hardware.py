@@ -1,7 +1,7 @@
 """GPUs and their links: the constants every time estimate rests on, each with its source.
 
 Bandwidths are bytes per second in one direction per GPU (what a ring step moves), latencies α
-seconds per message (seed 000 §9.3.7's α-β model: T = α + β·S with β = 1/bandwidth).
+seconds per message (Hockney's α-β model: T = α + β·S with β = 1/bandwidth).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Hardware:
     nvme_bw: float = 6e9
     """Bytes/s per GPU to NVMe (ZeRO-Infinity)."""
     mfu: float = 0.5
-    """Target model FLOPs utilisation (seed 000 §9.1.3: typical values are around 50 %)."""
+    """Target model FLOPs utilisation (around 50 % is typical; PaLM reached 46.2 %, Chowdhery et al. 2022)."""
 
     def __post_init__(self) -> None:
         for k in ("peak_flops", "hbm_bytes", "intra_bw", "inter_bw", "pcie_bw", "nvme_bw"):
@@ -57,7 +57,7 @@ class Hardware:
 # [H100] NVIDIA H100 Tensor Core GPU datasheet: SXM 989 TFLOPS dense BF16 (1,979 with sparsity),
 #        NVLink 4 900 GB/s (450 GB/s each way), PCIe Gen5 (~50 GB/s achieved); nvidia-smi 81559 MiB.
 # [DGX-H100] NVIDIA DGX H100 user guide: 8 x 400 Gb/s NDR ConnectX-7, one per GPU -> 50 GB/s
-#        (seed 000 §9.2.4 also quotes ~50 GB/s for InfiniBand).
+#        (the ~50 GB/s commonly quoted for InfiniBand).
 # [H200] NVIDIA H200 Tensor Core GPU datasheet: same compute and NVLink as H100 SXM, 141 GB HBM3e;
 #        nvidia-smi reports 143771 MiB.
 # Latencies: nccl-tests all_reduce at 8 bytes is ~5 µs inside an NVLink node and ~10-20 µs across

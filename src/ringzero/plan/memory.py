@@ -1,14 +1,14 @@
-"""Memory per GPU: model states under DP, ZeRO-1/2/3, offload and TP/PP (seed 000 §9.2, §9.4.2-9.4.3;
-seed 004 Q6), plus activations and communication buffers.
+"""Memory per GPU: model states under DP, ZeRO-1/2/3, offload and TP/PP (Rajbhandari et al. 2020;
+Ren et al. 2021; Rajbhandari et al. 2021), plus activations and communication buffers.
 
-Bytes per parameter (seed 000 §9.2.1-9.2.2; ZeRO paper, Rajbhandari et al. 2020, §3.1):
+Bytes per parameter (ZeRO paper, Rajbhandari et al. 2020, §3.1):
 
     precision   weights  grads  Adam states                     SGD-momentum states
     bf16/fp16      2       2    12 = fp32 master + m + v        8 = fp32 master + momentum
     fp32           4       4     8 = m + v (weights are fp32)   4 = momentum
 
 so mixed-precision Adam is the ZeRO paper's 16Ψ: 2Ψ + 2Ψ + 12Ψ. With Ψ' = Ψ/(tp·pp) parameters
-per model-parallel rank (seed 004 Q6 divides evenly; stages are assumed balanced) and N_d = dp,
+per model-parallel rank (an even split: stages are assumed balanced) and N_d = dp,
 ZeRO shards over the data-parallel group, ceil(Ψ'/N_d) each (the padding to equal shards):
 
     stage 0   2Ψ' + 2Ψ' + 12Ψ'
@@ -16,8 +16,8 @@ ZeRO shards over the data-parallel group, ceil(Ψ'/N_d) each (the padding to equ
     stage 2   2Ψ' + (2 + 12)Ψ'/N_d
     stage 3   16Ψ'/N_d
 
-Offload (ZeRO-Offload / ZeRO-Infinity, §9.4.3) moves the optimizer states to CPU memory or NVMe:
-they leave the GPU total and appear as `offloaded`.
+Offload (ZeRO-Offload, Ren et al. 2021 / ZeRO-Infinity, Rajbhandari et al. 2021) moves the optimizer
+states to CPU memory or NVMe: they leave the GPU total and appear as `offloaded`.
 
 Buffers: DP and ZeRO-1/2 keep two gradient buckets (one filling while the other is reduced;
 DDP's `bucket_cap_mb`, 25 MiB by default); ZeRO-3 holds the gathered weights of the current and
@@ -82,7 +82,7 @@ class Memory:
 
 
 def model_parallel_params(n_params: int, tp: int = 1, pp: int = 1) -> int:
-    """Ψ' = ceil(Ψ / (tp·pp)): the parameters one model-parallel rank owns (seed 004 Q6)."""
+    """Ψ' = ceil(Ψ / (tp·pp)): the parameters one model-parallel rank owns (an equal share)."""
     return math.ceil(n_params / (tp * pp))
 
 
@@ -100,7 +100,7 @@ def model_states(n_params: int, sb: StateBytes, dp: int = 1, zero: int = 0, tp: 
 
 
 def zero_formula(n_params: float, dp: int, stage: int, k: int = 12) -> float:
-    """The ZeRO paper's closed forms with K = 12 (seed 000 §9.4.2): 2Ψ+2Ψ+KΨ/N, 2Ψ+(2+K)Ψ/N, (4+K)Ψ/N."""
+    """The ZeRO paper's closed forms with K = 12 (Figure 1): 2Ψ+2Ψ+KΨ/N, 2Ψ+(2+K)Ψ/N, (4+K)Ψ/N."""
     psi = n_params
     return {0: (4 + k) * psi, 1: 4 * psi + k * psi / dp, 2: 2 * psi + (2 + k) * psi / dp,
             3: (4 + k) * psi / dp}[stage]

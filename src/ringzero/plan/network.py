@@ -1,7 +1,7 @@
 """α-β-γ cost of one collective call, from the exact traffic of every rank.
 
-Hockney's model prices one message of S bytes at T = α + βS (seed 000 §9.3.7: α is the startup
-latency paid per message/round, β the time per byte, the inverse of bandwidth). Thakur,
+Hockney's model (1994) prices one message of S bytes at T = α + βS (α is the startup latency paid
+per message/round, β the time per byte, the inverse of bandwidth). Thakur,
 Rabenseifner & Gropp ("Optimization of collective communication operations in MPICH", 2005) add
 γ, the time per byte reduced, and cost every MPICH algorithm as rounds·α + bytes·β + reduced·γ;
 Patarasuk & Yuan (2009) use the same model to show that the ring is bandwidth-optimal.

@@ -1,11 +1,11 @@
-"""Seed 004 §6.2's strategy-selection flow, answered with this model's numbers.
+"""A strategy-selection flow, answered with this model's numbers.
 
     fits on one GPU?                      yes -> data parallel (DP)
     memory mostly optimizer states?       yes -> ZeRO-1/2 (the lowest stage that fits;
-                                                 ZeRO-3 when only it fits, seed 000 §9.4.2)
+                                                 ZeRO-3 when only it fits, Rajbhandari et al. 2020)
     one layer fits on one GPU?            yes -> pipeline parallel, no -> tensor parallel
     very large (no data-parallel-only     yes -> 3D: TP inside the node on NVLink, PP across
-    layout fits)?                                adjacent nodes, DP between nodes (seed 004 §6.4, Q15)
+    layout fits)?                                adjacent nodes, DP between nodes (Narayanan et al. 2021 §3)
 
 Each answer is computed with `plan.memory` for the given training setup (micro-batch, precision,
 recomputation), so "fits" includes activations and buffers, not only the 16Ψ of model states.
@@ -46,7 +46,7 @@ def _fits(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> tuple[boo
 
 def _three_d(m: ModelShape, tr: Training, hw: Hardware, gpus: int, base: dict) -> Parallel | None:
     """The least model parallelism that makes ZeRO-1 fit: tensor parallel inside a node first
-    (seed 004 §6.4: TP on NVLink), then pipeline stages; DP takes the remaining GPUs."""
+    (Narayanan et al. 2021 §3: TP on NVLink), then pipeline stages; DP takes the remaining GPUs."""
     tps = [t for t in range(1, min(hw.gpus_per_node, gpus) + 1)
            if m.heads % t == 0 and m.kv % t == 0 and gpus % t == 0]
     pps = [p for p in range(1, m.layers + 1) if m.layers % p == 0 and gpus % p == 0]
@@ -73,7 +73,7 @@ def _layout(par: Parallel) -> str:
 
 def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute: str = "selective",
               flash_attention: bool = False) -> Recommendation:
-    """Walk seed 004 §6.2's flow for `m` trained as `tr` on `gpus` GPUs of `hw`."""
+    """Walk the module doc's flow for `m` trained as `tr` on `gpus` GPUs of `hw`."""
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     base = dict(recompute=recompute, flash_attention=flash_attention)

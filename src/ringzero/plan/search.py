@@ -1,7 +1,7 @@
 """Search every way to split one training run over a GPU budget, keep what fits, rank by step time.
 
-Seed 004 §6.2 picks a layout by a decision flow (`plan.recommend`); the search answers the same
-question exhaustively, over the dp x tp x pp grid that §6.4 lays out (TP inside a node on NVLink,
+`plan.recommend` picks a layout by a decision flow; the search answers the same question
+exhaustively, over the dp x tp x pp grid of Narayanan et al. 2021 §3 (TP inside a node on NVLink,
 PP across nodes, DP outermost: the placement `strategy_comm` prices). For `gpus` GPUs it tries every
 
     tp  dividing the heads and the kv heads, tp <= max_tp (default: gpus_per_node, so every

@@ -1,10 +1,11 @@
-"""Transformer shapes and their exact parameter count (seed 000 §9.1.1).
+"""Transformer shapes and their exact parameter count (the approximation: Kaplan et al. 2020 §2.1).
 
-The seed counts a decoder-only transformer with d_ffn = 4·d_model and d_head·n_head = d_model:
+The usual approximation counts a decoder-only transformer with d_ffn = 4·d_model and
+d_head·n_head = d_model (Kaplan et al. 2020, Table 1, keep the 12·d_model² term only):
 
     N ≈ n_layers · (12·d_model² + 5·d_model)          (`approx_params`)
 
-12h² is the four attention projections (4h²) plus the two MLP matrices (8h²); the seed's 5h is the
+12h² is the four attention projections (4h²) plus the two MLP matrices (8h²); the 5h is the
 MLP biases (4h + h) only. `param_count` counts every tensor of the architecture instead:
 embeddings, positions, each attention projection (grouped-query K/V of kv_heads·head_dim columns),
 the MLP (three matrices when gated, as SwiGLU), biases, norms (LayerNorm has a weight and a bias,
@@ -147,5 +148,5 @@ def param_count(m: ModelShape) -> ParamCount:
 
 
 def approx_params(layers: int, hidden: int) -> int:
-    """Seed 000 §9.1.1: N ≈ L·(12h² + 5h) (GPT-3 175B: 96 x 12288 -> 1.74e11)."""
+    """N ≈ L·(12h² + 5h): Kaplan et al. 2020's 12·L·h² + MLP biases (GPT-3 175B: 96 x 12288 -> 1.74e11)."""
     return layers * (12 * hidden * hidden + 5 * hidden)

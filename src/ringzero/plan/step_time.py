@@ -1,12 +1,13 @@
 """Time per optimizer step: compute, communication on the right link, overlap, bubble, offload.
 
-- Compute (seed 000 §9.1.3): the hardware FLOPs of the step divided over the GPUs, at peak x MFU.
-  Forward is 1/3 of 6N and backward 2/3; full recomputation adds one forward to backward.
-- Communication: Hockney's α-β model (seed 000 §9.3.7, T = α + β·S) on each call's busiest rank:
+- Compute (Kaplan et al. 2020; MFU, Chowdhery et al. 2022): the hardware FLOPs of the step divided
+  over the GPUs, at peak x MFU. Forward is 1/3 of 6N and backward 2/3; full recomputation adds one
+  forward to backward.
+- Communication: Hockney's α-β model (Hockney 1994, T = α + β·S) on each call's busiest rank:
   rounds·α + max(bytes sent, received)/bandwidth, with the exact rounds and bytes of
   `plan.comm_volume`. A group inside one node uses NVLink (intra_bw, intra_alpha); a group spanning
-  nodes is as fast as its slowest link, the network, except the hierarchical all-reduce of
-  §9.3.7, whose node-local reduce and broadcast run on NVLink and whose leaders' ring on the
+  nodes is as fast as its slowest link, the network, except the hierarchical all-reduce (Jia et
+  al. 2018), whose node-local reduce and broadcast run on NVLink and whose leaders' ring on the
   network. `dp_algorithm="auto"` takes the all-reduce with the least time.
 - Overlap: gradient collectives launched from backward hooks (DDP buckets, ZeRO-1/2 reduce-scatter,
   ZeRO-3's backward all-gather and reduce-scatter) hide behind the backward of the last
@@ -14,7 +15,7 @@
   (or layer) is exposed. TP and PP communication sits on the critical path (Megatron-LM).
 - Pipeline bubble (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021): (p-1)/(m+p-1) of the
   step, i.e. (p-1)/m x the compute time.
-- Offload (ZeRO-Offload, seed 000 §9.4.3): gradients go down and weights come back over PCIe and
+- Offload (ZeRO-Offload, Ren et al. 2021): gradients go down and weights come back over PCIe and
   the CPU runs the optimizer (`CPU_ADAM_PARAMS_PER_S`); with NVMe the optimizer states are also read
   and written at `nvme_bw`. All exposed: ringzero models no delayed parameter update.
 """
@@ -170,5 +171,5 @@ def _comm_seconds(ops: tuple[CommOp, ...], hw: Hardware) -> tuple[dict[str, floa
 
 
 def transfer_seconds(nbytes: float, bandwidth: float, alpha: float = 0.0) -> float:
-    """One message: α + S/B (seed 000 §9.2.4: 350 GB at 50 GB/s ≈ 7 s, at 1.8 TB/s ≈ 0.2 s)."""
+    """One message: α + S/B (GPT-3's 350 GB of fp16 gradients: ≈ 7 s at 50 GB/s, ≈ 0.2 s at 1.8 TB/s)."""
     return alpha + nbytes / bandwidth

@@ -1,4 +1,4 @@
-"""Bytes on the wire per GPU per step, for each parallel strategy (seed 004 §2-§6, seed 000 §9.3-9.4).
+"""Bytes on the wire per GPU per step, for each parallel strategy (sources in the list below).
 
 Each strategy is a list of `CommOp`s: a collective on a group, how often it runs per optimizer
 step, and its exact traffic from `plan.comm_volume.volume` (the formulas the traffic meter is
@@ -8,19 +8,23 @@ Rabenseifner on a group that is not a power of two). Φ below is the gradient/we
 rank owns (Ψ/(tp·pp) parameters x 2 bytes in 16-bit precision); b, s, h a micro-batch.
 
 - DP (ZeRO-0): one all-reduce of Φ per step (gradient accumulation communicates only on the last
-  micro-batch): ring 2(N-1)/N·Φ per GPU, seed 004 §2.4's 2Φ for large N; naive puts (N-1)·Φ in
-  and out of the root (seed 004 §2.4; the system moves 2(N-1)·Φ, which the seed rounds to 2NΦ).
+  micro-batch): ring 2(N-1)/N·Φ per GPU (Patarasuk & Yuan 2009), 2Φ for large N; naive puts
+  (N-1)·Φ in and out of the root (the parameter server of Li et al. 2014; the system moves
+  2(N-1)·Φ, often rounded to 2NΦ).
 - ZeRO-1: reduce-scatter of the gradients + all-gather of the updated weights, (N-1)/N·Φ each:
-  2Φ (seed 004 §5.4). ZeRO-2 likewise, but the gradients are sharded, so the reduce-scatter runs
-  after every micro-batch. ZeRO-3 adds an all-gather of the weights before forward and again
-  before backward, every micro-batch, and no final all-gather: 3Φ for one micro-batch (§5.4).
-  Shards are padded to equal size, as ZeRO does: the buffer is ceil(Ψ'/N)·N elements.
+  2Φ (Rajbhandari et al. 2020 §7). ZeRO-2 likewise, but the gradients are sharded, so the
+  reduce-scatter runs after every micro-batch. ZeRO-3 adds an all-gather of the weights before
+  forward and again before backward, every micro-batch, and no final all-gather: 3Φ for one
+  micro-batch (ibid.). Shards are padded to equal size, as ZeRO does: the buffer is ceil(Ψ'/N)·N
+  elements.
 - TP: every layer all-reduces b·s·h activations twice in forward and twice in backward (Megatron-LM,
-  seed 004 §3.4): ring 4 x 2(t-1)/t·bsh per layer, seed's 8·bsh for large t. Sequence parallelism
-  replaces each all-reduce by a reduce-scatter + all-gather pair of the same bytes.
+  Shoeybi et al. 2019 §3): ring 4 x 2(t-1)/t·bsh per layer, Narayanan et al. 2021 §3.2's
+  8·bsh·(t-1)/t, 8·bsh for large t. Sequence parallelism replaces each all-reduce by a
+  reduce-scatter + all-gather pair of the same bytes.
 - PP: each micro-batch sends its b·s·h activation forward and its gradient back across each of the
-  p-1 stage boundaries (seed 004 §4.4's 2(p-1)·bsh in total); a middle stage sends 2·bsh per
-  micro-batch (1·bsh at either end), /t with sequence parallelism (each tp rank sends its slice).
+  p-1 stage boundaries (2(p-1)·bsh in total, Narayanan et al. 2021 §3.2); a middle stage sends
+  2·bsh per micro-batch (1·bsh at either end), /t with sequence parallelism (each tp rank sends its
+  slice).
 
 Placement is Megatron-LM's: tp varies fastest, then dp, then pp, so a tp group is consecutive
 ranks, a dp group strides by tp, and a group is inside one node when its span fits.
@@ -178,15 +182,16 @@ def _pipeline_op(p: int, count: int, itemsize: int, calls: int, node: int) -> Co
 
 
 def seed_tp_bytes_per_layer(b: int, s: int, h: int, value_bytes: int = 2) -> float:
-    """Seed 004 §3.4: 8·b·s·h per layer (each all-reduce counted as 2·bsh, the large-t limit)."""
+    """8·b·s·h per layer: the large-t limit of Narayanan et al. 2021 §3.2's 8·bsh·(t-1)/t."""
     return 8 * b * s * h * value_bytes
 
 
 def seed_pp_bytes(p: int, b: int, s: int, h: int, value_bytes: int = 2) -> float:
-    """Seed 004 §4.4: 2·(p-1)·b·s·h over the whole pipeline."""
+    """2·(p-1)·b·s·h over the whole pipeline: b·s·h each way per boundary (Narayanan et al. 2021 §3.2)."""
     return 2 * (p - 1) * b * s * h * value_bytes
 
 
 def seed_dp_bytes(n: int, grad_bytes: float, algorithm: str) -> float:
-    """Seed 004 §2.4: ring 2(N-1)/N·Φ per GPU; naive 2·N·Φ for the whole system."""
+    """Ring 2(N-1)/N·Φ per GPU (Patarasuk & Yuan 2009); naive 2·N·Φ for the whole system (the
+    parameter server's 2(N-1)·Φ, rounded up)."""
     return 2 * (n - 1) / n * grad_bytes if algorithm == "ring" else 2 * n * grad_bytes

@@ -2,9 +2,9 @@
 tied embeddings (GPT-2, Radford et al. 2019; nanoGPT's layout). Its shape is a `plan.ModelShape`, so
 the planner describes exactly this model.
 
-The model knows nothing of parallelism. Two knobs matter for activation memory (seed 000 §9.4.4):
+The model knows nothing of parallelism. Two knobs matter for activation memory:
 `attention="eager"` materialises the (b, a, s, s) scores, softmax and dropout mask, the case of
-Korthikanti et al.'s 5·a·s²·b term; `attention="sdpa"` calls torch's fused
+Korthikanti et al. 2022's 5·a·s²·b term (§4.1); `attention="sdpa"` calls torch's fused
 `scaled_dot_product_attention`, which keeps no s x s tensor (the flash-attention case). The attention
 core is its own module so selective recomputation can wrap exactly it.
 """

@@ -1,5 +1,5 @@
-"""The planner's prediction for one training run, in the run's own terms (DESIGN.md: every number has
-a measured twin).
+"""The planner's prediction for one training run, in the run's own terms (every number the planner
+predicts has a measured twin in the engine's report).
 
 `plan_inputs` turns a `TrainConfig` on `world` ranks into the planner's (ModelShape, Training,
 Parallel); everything predicted below is `ringzero.plan` evaluated on them, with two facts of this
@@ -50,7 +50,7 @@ def activations(cfg: TrainConfig, cuda: bool = False) -> float:
 
 
 def states(cfg: TrainConfig, world: int) -> dict[str, float]:
-    """Model-state bytes per rank from the ZeRO formulas (seed 000 §9.4.2)."""
+    """Model-state bytes per rank from the ZeRO formulas (Rajbhandari et al. 2020)."""
     m, tr, par = plan_inputs(cfg, world)
     p, g, o, _ = model_states(param_count(m).total, state_bytes(tr.precision, tr.optimizer),
                               dp=par.dp, zero=par.zero)

@@ -1,13 +1,13 @@
 """Recursive doubling: the butterfly all-reduce and the recursive-doubling all-gather.
 
-Seed 000 §9.3.7 "Butterfly All-Reduce": in round k every rank pairs with the rank whose number
+The butterfly all-reduce: in round k every rank pairs with the rank whose number
 differs in bit k (rank XOR 2^k) — GPU 0 with 1 and 2 with 3, then 0 with 2 and 1 with 3 — and the
 pair swap and combine what they hold. After log2 n rounds the result is everywhere, with no separate
 broadcast phase (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication
 operations in MPICH", §4.1 for all-reduce, §3.1 for all-gather).
 
 - all-reduce: every round swaps the WHOLE buffer and reduces it: log2 n rounds, S·log2 n bytes
-  sent, received and reduced per rank (latency-optimal, not bandwidth-optimal; the seed's S·log2 N).
+  sent, received and reduced per rank (latency-optimal, not bandwidth-optimal; S·log2 N in all).
 - all-gather: round k swaps the contiguous block of 2^k chunks gathered so far (the chunks of the
   ranks that agree with this one above bit k): log2 n rounds, and every rank receives exactly the
   S - s_r bytes it lacks. Chunks may be uneven: blocks are ranges of `bounds`, never sizes × index.

@@ -1,6 +1,6 @@
 """Hierarchical (topology-aware) all-reduce: reduce in the node, all-reduce among leaders, broadcast.
 
-Seed 000 §9.3.7 拓扑感知 All-Reduce (hierarchical all-reduce); the two-level scheme of NCCL's
+Jia et al. 2018 (hierarchical all-reduce among group masters); the two-level scheme of NCCL's
 trees and Horovod's `HOROVOD_HIERARCHICAL_ALLREDUCE`; Thakur, Rabenseifner & Gropp 2005 for the
 binomial pieces and Patarasuk & Yuan 2009 for the ring.
 

@@ -2,9 +2,9 @@
 
 The rooted collectives talk to their root directly: broadcast and scatter are the root sending to
 each rank, reduce and gather are each rank sending to the root. The all-* collectives go through
-rank 0, the parameter-server shape of seed 004 §2.4 ("朴素 All-Reduce", the 班长汇总法) and seed 000
-§9.3.3: all-reduce = reduce to rank 0 + broadcast from it, all-gather = gather + broadcast and
-reduce-scatter = reduce + scatter (seed 004 §1's identities). All-to-all is the one fully
+rank 0, the parameter-server shape (Li et al. 2014): all-reduce = reduce to rank 0 + broadcast from
+it, all-gather = gather + broadcast and reduce-scatter = reduce + scatter (the identities by which
+the MPI standard defines them). All-to-all is the one fully
 distributed case: every rank posts its n-1 sends and n-1 receives at once (MPICH's
 "isend-irecv" all-to-all for medium messages, Thakur, Rabenseifner & Gropp 2005 §3.6).
 
@@ -12,7 +12,7 @@ Rounds: every logical step is ONE `exchange`, so the order in which a rank posts
 never deadlock, and each step is one round. Reduce, broadcast, gather, scatter and all-to-all take
 1 round; all-reduce, all-gather and reduce-scatter take 2 (to the root, then back). Cost in α-β-γ
 terms with S the buffer's bytes: the root pays (n-1) messages per round and carries (n-1)·S in and
-(n-1)·S out for all-reduce (seed 004: C_naive = 2·N·Φ for the whole system) while every other rank
+(n-1)·S out for all-reduce (2(n-1)·S for the whole system, often rounded to 2·N·S) while every other rank
 moves only S each way, so the root's link is the bottleneck: T ≈ 2(n-1)(α + βS) + (n-1)γS.
 
 Any world size works as is (nothing here needs a power of two). The root receives every

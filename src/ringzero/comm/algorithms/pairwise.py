@@ -1,9 +1,9 @@
-"""Pairwise-exchange all-to-all (Thakur, Rabenseifner & Gropp 2005 §3.6; seed 000 §9.3.5, seed 004 §1).
+"""Pairwise-exchange all-to-all (Thakur, Rabenseifner & Gropp 2005 §3.6).
 
-All-to-all is a distributed matrix transpose: rank i's chunk j goes to rank j (the MoE token
-shuffle of seed 000 §9.3.5). The pairwise exchange does it in n-1 steps, each rank talking to
-exactly one destination and one source per step, so no rank is flooded by n-1 simultaneous
-messages (the weakness of the naive all-post version):
+All-to-all is a distributed matrix transpose: rank i's chunk j goes to rank j (the token shuffle
+of a mixture-of-experts layer, Lepikhin et al. 2021). The pairwise exchange does it in n-1 steps,
+each rank talking to exactly one destination and one source per step, so no rank is flooded by
+n-1 simultaneous messages (the weakness of the naive all-post version):
 
 - n a power of two: at step s = 1..n-1 rank r swaps chunks with partner r XOR s. XOR is an
   involution, so the pairs are perfect matchings and each step is a clean bidirectional exchange.

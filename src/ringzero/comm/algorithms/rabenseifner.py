@@ -1,11 +1,11 @@
 """Recursive-halving reduce-scatter and Rabenseifner's all-reduce.
 
-Seed 000 §9.3.7, Rabenseifner's algorithm, "the best of both worlds" (两个世界最好的一面): pair up
-like the butterfly, but send ever smaller halves — S/2, then S/4, S/8 … — so that the reduction is
-done but scattered; then run the same pairings backwards to gather the result. Rabenseifner 2004,
-"Optimization of collective reduction operations" (ICCS); Thakur, Rabenseifner & Gropp 2005,
-"Optimization of collective communication operations in MPICH", §4.2 (reduce-scatter by recursive
-halving) and §4.1 (all-reduce as reduce-scatter + all-gather).
+Rabenseifner's algorithm takes the best of both worlds, the butterfly's rounds and the ring's
+bandwidth: pair up like the butterfly, but send ever smaller halves — S/2, then S/4, S/8 … — so that
+the reduction is done but scattered; then run the same pairings backwards to gather the result.
+Rabenseifner 2004, "Optimization of collective reduction operations" (ICCS); Thakur, Rabenseifner &
+Gropp 2005, "Optimization of collective communication operations in MPICH", §4.2 (reduce-scatter by
+recursive halving) and §4.1 (all-reduce as reduce-scatter + all-gather).
 
 - reduce-scatter (recursive halving): a rank starts responsible for all p chunks. In round k it
   pairs with the rank at distance p/2^(k+1) (rank XOR that distance), keeps the half of its current

@@ -1,11 +1,10 @@
 """Ring reduce-scatter, all-gather and all-reduce, pipelined in segments.
 
-Seed 000 §9.3.6 and seed 004 §2.4; Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for
-clusters of workstations", JPDC 2009. Ranks form the ring r -> r+1 (mod n). All-reduce is
-reduce-scatter followed by all-gather: 2(n-1) steps, each moving one chunk of S/n bytes, so every rank
-sends 2(n-1)/n·S — bandwidth-optimal and independent of n. Works for any n (no power-of-two
-requirement) and any count: chunks follow `plan.chunks.chunk_bounds`, so they differ by at most one
-element and may be empty.
+Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 2009.
+Ranks form the ring r -> r+1 (mod n). All-reduce is reduce-scatter followed by all-gather: 2(n-1)
+steps, each moving one chunk of S/n bytes, so every rank sends 2(n-1)/n·S — bandwidth-optimal and
+independent of n. Works for any n (no power-of-two requirement) and any count: chunks follow
+`plan.chunks.chunk_bounds`, so they differ by at most one element and may be empty.
 
 Pipelining: each chunk is cut into segments of `SEGMENT_BYTES` (its *pieces*), and a *unit* is one
 segment of one step. A unit's send waits only for the unit that produced its data (the same segment
@@ -21,7 +20,7 @@ ranks of a 2-core machine (README). Beside computation (the training engine's co
 thread, `comm.config.beside_compute`) this thread often waits for the GIL or a core, so receives
 are posted early — `DEPTH` reduce-scatter receives ahead into scratch slots, every all-gather
 receive at once, straight into place — and gloo's I/O thread moves the data meanwhile: ZeRO-3 on
-2 ranks stepped in 224-242 ms that way against 240-268 ms with lookahead 1 (issue 4's benchmark).
+2 ranks stepped in 224-242 ms that way against 240-268 ms with lookahead 1 (`ringzero bench train`).
 
 NCCL serialises separately issued point-to-point calls on one stream, so a receive posted ahead of
 a send would block the ring there; on such backends (`c.async_p2p` false) each unit's send and
@@ -137,8 +136,8 @@ def reduce_scatter(c, buf, bounds, shift: int = -1) -> None:
 
     At step s rank r sends chunk (r + shift - s) to its right neighbour and reduces chunk
     (r + shift - s - 1), received from its left neighbour, into its own copy. `shift=-1` leaves
-    chunk r on rank r (reduce_scatter's contract); all-reduce uses `shift=0`, the seed's walk-through
-    (step 1: a0 -> B, b1 -> C, c2 -> D, d3 -> A).
+    chunk r on rank r (reduce_scatter's contract); all-reduce uses `shift=0`, the textbook walk-through
+    of the ring on GPUs A-D (step 1: a0 -> B, b1 -> C, c2 -> D, d3 -> A).
     """
     _phase(c, buf, bounds, shift, reduce=True)
 

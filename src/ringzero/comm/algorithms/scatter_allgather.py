@@ -1,11 +1,10 @@
 """Van de Geijn broadcast: binomial scatter, then ring all-gather (for large messages).
 
 Barnett, Gupta, Payne, Shuler, van de Geijn & Watts 1994, "Interprocessor collective communication
-library (InterCom)"; Thakur, Rabenseifner & Gropp 2005 §3.3 (MPICH's long-message broadcast);
-seed 000 §9.3.5 (Broadcast) and seed 004 §1 (the primitives compose). A binomial-tree broadcast
-sends the whole S on each of ⌈log2 n⌉ rounds; cutting S into n chunks, scattering them (rank v gets
-chunk v) and then all-gathering them moves only about 2·(n-1)/n·S per rank, the same bandwidth term
-as ring all-reduce, at the price of ⌈log2 n⌉ + n - 1 rounds.
+library (InterCom)"; Thakur, Rabenseifner & Gropp 2005 §3.3 (MPICH's long-message broadcast).
+A binomial-tree broadcast sends the whole S on each of ⌈log2 n⌉ rounds; cutting S into n chunks,
+scattering them (rank v gets chunk v) and then all-gathering them moves only about 2·(n-1)/n·S
+per rank, the same bandwidth term as ring all-reduce, at the price of ⌈log2 n⌉ + n - 1 rounds.
 
 Ranks are relabelled relative to the root, v = (r - root) mod n, and relative rank v ends the
 scatter holding buffer chunk v (not chunk r): then every binomial subtree — relative ranks

@@ -1,8 +1,8 @@
 """Binomial-tree reduce, broadcast, all-reduce, gather and scatter.
 
 Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication operations in MPICH",
-§3 (binomial broadcast, reduce, gather, scatter); seed 000 §9.3.7 "Tree All-Reduce" (the tournament
-bracket: pairs reduce upward to the top of the tree, the answer is passed back down).
+§3 (binomial broadcast, reduce, gather, scatter). The tree all-reduce is a tournament bracket: pairs
+reduce upward to the top of the tree, and the answer is passed back down.
 
 Ranks are renumbered relative to the root, vr = (rank - root) mod n. Let top(vr) be the index of
 vr's lowest set bit (top(0) = ceil(log2 n)). Rank vr's children are vr + 2^k for every k < top(vr)
@@ -18,7 +18,7 @@ nothing special happens when n is not a power of two: the missing children simpl
   largest subtree first. T = ceil(log2 n)·(α + β·S).
 - all_reduce: binomial reduce to rank 0, then binomial broadcast from rank 0: 2·ceil(log2 n)
   rounds, the root path moving the whole payload S in every round, so the root sends and receives
-  ceil(log2 n)·S each — seed 000's "about 2 S log2 N" total, the reason the ring wins on large
+  ceil(log2 n)·S each — about 2·S·log2 N in total, the reason the ring wins on large
   tensors.
 - gather: a subtree forwards its contiguous relative range of chunks to its parent, so the root
   receives (n-1)/n·S in ceil(log2 n) rounds: T = ceil(log2 n)·α + (n-1)/n·S·β (Thakur et al. §3).

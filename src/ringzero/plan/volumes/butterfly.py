@@ -1,7 +1,7 @@
 """Recursive-doubling traffic: butterfly all-reduce and recursive-doubling all-gather.
 
-Seed 000 §9.3.7 (Butterfly All-Reduce: about log2 N rounds, S·log2 N traffic); Thakur, Rabenseifner
-& Gropp 2005 §4.1 and §3.1. Mirrors `ringzero.comm.algorithms.butterfly`. Notation: n ranks,
+Thakur, Rabenseifner & Gropp 2005 §4.1 and §3.1 (the butterfly all-reduce: log2 N rounds, S·log2 N
+traffic). Mirrors `ringzero.comm.algorithms.butterfly`. Notation: n ranks,
 S = count·itemsize bytes, s_r = bytes of rank r's chunk, p = largest power of two <= n,
 rem = n - p.
 

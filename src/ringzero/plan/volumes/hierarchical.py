@@ -1,4 +1,4 @@
-"""Hierarchical all-reduce traffic (seed 000 §9.3.7 拓扑感知 All-Reduce).
+"""Hierarchical (topology-aware) all-reduce traffic (Jia et al. 2018).
 
 Nodes are consecutive blocks of k = `call.node_size` ranks (the last may be smaller), m =
 ceil(n / k) of them, each led by its first rank. For a payload of S bytes, rank r at position

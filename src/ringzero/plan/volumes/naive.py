@@ -1,4 +1,4 @@
-"""Naive traffic (seed 004 §2.4 "朴素 All-Reduce"; seed 000 §9.3.3 parameter server, §9.3.5).
+"""Naive traffic: rooted collectives sent directly, the all-* ones via a parameter server (Li et al. 2014).
 
 Closed forms, per rank, mirroring `ringzero.comm.algorithms.naive`. S = the buffer's elements
 (`call.count`), s_r = chunk r, R = the root (rank 0 for the all-* collectives). Messages are one
@@ -15,8 +15,8 @@ per non-empty chunk; a round is counted only if the rank moves a non-empty messa
 | reduce_scatter | in (n-1)·S, reduce (n-1)·S, out S - s_0   | out S, in s_r             | 2      |
 | all_to_all     | (no root) out Σ_j≠r M[r][j], in Σ_i≠r M[i][r]                         | 1      |
 
-The all-reduce row is seed 004's: the collecting GPU carries (N-1)·Φ each way, every computing GPU
-Φ, about 2·N·Φ for the whole system.
+The all-reduce row is the parameter server's: the collecting GPU carries (N-1)·Φ each way, every
+computing GPU Φ, 2·(N-1)·Φ (about 2·N·Φ) for the whole system.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Recursive-halving reduce-scatter and Rabenseifner all-reduce traffic.
 
-Rabenseifner 2004 (ICCS); Thakur, Rabenseifner & Gropp 2005 §4.1-4.2; seed 000 §9.3.7 (about
-2·log2 N rounds, bandwidth close to Ring's). Mirrors `ringzero.comm.algorithms.rabenseifner`.
+Rabenseifner 2004 (ICCS); Thakur, Rabenseifner & Gropp 2005 §4.1-4.2 (about 2·log2 N rounds,
+bandwidth close to Ring's). Mirrors `ringzero.comm.algorithms.rabenseifner`.
 Notation: n ranks, S = count·itemsize bytes, p = largest power of two <= n, rem = n - p.
 
 Power-of-two n, every rank, when n divides the count (equal chunks of S/n):

@@ -1,9 +1,9 @@
-"""Ring traffic (Patarasuk & Yuan 2009; seed 000 §9.3.6, seed 004 §2.4).
+"""Ring traffic (Patarasuk & Yuan 2009).
 
 Per rank r, reduce-scatter and all-gather each take n-1 steps; at step s rank r sends chunk
 (r + shift - s) and receives chunk (r + shift - s - 1) (mod n). So over a phase r sends every
 chunk but (r + shift + 1) and receives every chunk but (r + shift): with equal chunks that is
-(n-1)/n·S each way, and all-reduce sends 2(n-1)/n·S — seed 004's 2(N-1)Φ/N — exactly
+(n-1)/n·S each way, and all-reduce sends 2(n-1)/n·S — the bandwidth lower bound — exactly
 `count - sizes[...]` bytes when S is not divisible by n. Each message is cut in segments of
 `call.segment_bytes`, so messages = Σ ceil(chunk/segment) while rounds stay n-1 per phase.
 """

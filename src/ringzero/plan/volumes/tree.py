@@ -1,4 +1,4 @@
-"""Binomial-tree traffic (Thakur, Rabenseifner & Gropp 2005 §3; seed 000 §9.3.7 Tree All-Reduce).
+"""Binomial-tree traffic (Thakur, Rabenseifner & Gropp 2005 §3).
 
 With vr = (rank - root) mod n, top(vr) = index of vr's lowest set bit (ceil(log2 n) for the root)
 and c(vr) = #{k < top(vr) : vr + 2^k < n} children, for a payload of S bytes:
@@ -7,7 +7,7 @@ and c(vr) = #{k < top(vr) : vr + 2^k < n} children, for a payload of S bytes:
   root; rounds = c(vr) + [vr != 0]. The root has c = ceil(log2 n): ceil(log2 n)·S received.
 - broadcast: the mirror: receives S once (not the root), sends c(vr)·S; rounds the same.
 - all_reduce: reduce to 0 plus broadcast from 0, so rank 0 receives and sends ceil(log2 n)·S
-  (seed 000: the root path moves S in each of ~2 log2 N rounds) and every other rank receives and
+  (the root path moves S in each of ~2 log2 N rounds) and every other rank receives and
   sends (c(vr) + 1)·S.
 - gather: child vr + 2^k brings its subtree's chunks, the absolute ranks
   (vr + 2^k + root .. min(vr + 2^(k+1), n) - 1 + root) mod n; summed over the tree the root receives
