@@ -23,7 +23,7 @@ ITEMSIZE = 4  # float32, as the totals say; here, not in explain.py, which impor
 
 SOURCES = {
     "ring": "Patarasuk & Yuan 2009", "rabenseifner": "Rabenseifner 2004",
-    "recursive_halving": "Thakur, Rabenseifner & Gropp 2005", "hierarchical": "Sergeev & Del Balso 2018",
+    "recursive_halving": "Thakur, Rabenseifner & Gropp 2005", "hierarchical": "Jia et al. 2018",
     "scatter_allgather": "Barnett et al. 1994",
 }
 """Where an algorithm is described (docs/references.md); the rest: Thakur, Rabenseifner & Gropp 2005."""
