@@ -33,7 +33,7 @@ from ringzero import comm
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
 from ringzero.parallel.stages import ShardingConfig, stage
 from ringzero.parallel.topology import Topology
-from ringzero.parallel.zero import apply_sharding
+from ringzero.parallel.strategies import apply_sharding
 from ringzero.train.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
 from ringzero.train.engine import train_rank
@@ -136,8 +136,8 @@ def _full_weights(sh, group) -> dict[str, torch.Tensor]:
     """Every parameter's value, from the optimizer's shards (all-gathered when sharded)."""
     names = {id(p): n for n, p in sh.model.named_parameters()}
     out = {}
-    for b, shard in zip(sh.buckets, sh.param_shards_view()):
-        if sh.stage.shard_optimizer:
+    for b, shard in zip((g.bucket for g in sh.groups), sh.owned_weights()):
+        if sh.schedule.shard_optimizer:
             full = b.empty()
             comm.all_gather_into_tensor(full, shard.contiguous(), group=group, algorithm="torch")
         else:
@@ -159,7 +159,8 @@ def _nn_parity(group, strategy, micro, bucket_mb):
     Y = torch.randint(0, 5, (n,), generator=torch.Generator().manual_seed(2))
     ropt = torch.optim.AdamW(ref.parameters(), lr=NN_LR, weight_decay=NN_WD, foreach=False)
     sh = apply_sharding(model, topo, ShardingConfig(stage=stage(strategy), bucket_mb=bucket_mb))
-    opt = ShardedAdam(sh, AdamConfig(lr=NN_LR, weight_decay=NN_WD, clip=NN_CLIP))
+    opt = ShardedAdam(sh.owned_weights(), AdamConfig(lr=NN_LR, weight_decay=NN_WD, clip=NN_CLIP),
+                      sh.sum_over_owners())
     lossf = nn.CrossEntropyLoss()
     norms = []
     try:
@@ -173,7 +174,7 @@ def _nn_parity(group, strategy, micro, bucket_mb):
                 sh.sync = k == micro - 1
                 lossf(model(x), y).backward()
                 sh.finish_backward()
-            opt.step(divisor=world * micro)
+            opt.step(sh.reduced_grads(), divisor=world * micro)
             sh.after_step()
             sh.zero_grad()
         got = _full_weights(sh, group)

@@ -49,14 +49,14 @@ def test_probe_runs_in_the_runs_precision():
     """bf16: the block, its input and the optimizer's shards are 16-bit, the master weights fp32."""
     cfg = TrainConfig(**{**BASE, "strategy": "single", "precision": "bf16", "recompute": "selective"})
     trainer = Trainer(cfg, Topology(world=1, rank=0, dp=1))
-    prober = probe.Prober(cfg, trainer.sharded)
+    prober = probe.Prober(cfg, trainer.strategy)
     assert all(p.dtype == torch.bfloat16 for p in prober.block.parameters())
     assert prober.x.dtype == torch.bfloat16
     assert prober.opt.mixed and all(w.dtype == torch.float32 for w in prober.opt.master)
     assert prober.opt_params == param_count(cfg.shape).total
     point = prober()
     assert point["flops"] > 0 and point["optimizer_s_per_param"] > 0 and point["comm"] == {}
-    trainer.sharded.close()
+    trainer.close()
 
 
 def _probed(group, configs):

@@ -121,7 +121,7 @@ def _fp16_overflow(group, strategy: str):
         tr.step(2, res)
         record()
     finally:
-        tr.sharded.close()
+        tr.close()
     return seen
 
 

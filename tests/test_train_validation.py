@@ -10,7 +10,7 @@ from torch import nn
 
 from ringzero.parallel.stages import DP, ShardingConfig
 from ringzero.parallel.topology import Topology
-from ringzero.parallel.zero import apply_sharding
+from ringzero.parallel.strategies import apply_sharding
 from ringzero.train.config import TrainConfig, from_deepspeed
 
 

@@ -76,7 +76,7 @@ class _Ringzero:
     def __init__(self, cfg: TrainConfig, group) -> None:
         self.trainer = Trainer(cfg, Topology.data_parallel(group))
         self.res = RankResult(rank=dist.get_rank())
-        self.sh = self.trainer.sharded
+        self.sh = self.trainer.strategy
 
     def step(self, i: int, measure: bool = False) -> tuple[float, dict]:
         if not measure:
@@ -90,18 +90,15 @@ class _Ringzero:
     def transient(self) -> int:
         """Full-size buffers alive now: gathered layers, all-gather outputs being filled, unreduced
         gradient flats and parameter gradients not yet copied into one (ZeRO-3's root)."""
-        sh = self.sh
-        n = _nbytes(sh.param_flats) + _nbytes(sh.landing.values()) if sh.stage.shard_params else 0
-        n += _nbytes(p.grad for b in sh.buckets for p in b.params)
-        return n + (_nbytes(sh.grad_flats) if sh.stage.shard_grads else 0)
+        return self.sh.transient_bytes()
 
     def states(self) -> dict:
-        """`Sharded.held_bytes()` (taken by the engine after backward, before the update) and
+        """The strategy's `held_bytes()` (taken by the engine after backward, before the update) and
         `ShardedAdam.state_bytes()`."""
         return {**self.res.held, "transient_peak": self.peak}
 
     def close(self) -> None:
-        self.sh.close()
+        self.trainer.close()
 
 
 class _Torch:

@@ -8,9 +8,10 @@ to rounding. With 16-bit weights the optimizer keeps an fp32 master copy of its 
 + 4 (m) + 4 (v) = 12 bytes per parameter live here, divided by the ranks under ZeRO; with fp32
 weights the shard itself is the master (8 bytes: m and v).
 
-Gradients arrive summed over ranks and micro-batches; `step` divides them by `divisor`, and by the
-loss scale under fp16. The global gradient norm (for clipping and the fp16 overflow check) sums the
-squares of every rank's shard with one all-reduce when gradients are sharded.
+The optimizer knows nothing of the strategy: it gets the weights it owns (one flat tensor per bucket),
+then at each step their gradients, summed over ranks and micro-batches, which `step` divides by
+`divisor` (and by the loss scale under fp16), and a function that sums a tensor over the ranks
+owning other shards, for the global gradient norm (clipping, the fp16 overflow check).
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
-
-from .. import comm
-from .zero import Sharded
 
 CHUNK = 1 << 16
 """Elements per chunk when 16-bit gradients are upcast for the fp32 update (256 KiB of fp32)."""
@@ -46,9 +45,13 @@ class AdamConfig:
 
 
 class ShardedAdam:
-    def __init__(self, sharded: Sharded, config: AdamConfig) -> None:
-        self.sharded, self.config = sharded, config
-        self.shards = sharded.param_shards_view()
+    """Adam over `weights` (this rank's flat shards); `sum_over_owners(t)` sums a tensor in place over
+    the ranks owning the other shards (None: this rank owns every weight)."""
+
+    def __init__(self, weights: list[torch.Tensor], config: AdamConfig,
+                 sum_over_owners: Callable[[torch.Tensor], None] | None = None) -> None:
+        self.config, self.sum_over_owners = config, sum_over_owners
+        self.shards = weights
         self.mixed = self.shards[0].dtype != torch.float32
         self.master = [s.detach().float().clone() if self.mixed else s for s in self.shards]
         self.exp_avg = [torch.zeros_like(w) for w in self.master]
@@ -60,26 +63,24 @@ class ShardedAdam:
         when the shards differ."""
         local = sum(float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2 for g in grads)
         sq = torch.tensor([local], dtype=torch.float32)
-        if not (self.sharded.stage.shard_optimizer and self.sharded.topology.dp > 1):
+        if self.sum_over_owners is None:
             return float(sq), 0.0
         t0 = time.perf_counter()
-        self.sharded.queue.submit(comm.all_reduce, sq, op="sum", group=self.sharded.group,
-                                  algorithm=self.sharded.config.algorithm_for("all_reduce"))
-        self.sharded.queue.drain()
+        self.sum_over_owners(sq)
         return float(sq), time.perf_counter() - t0
 
-    def step(self, divisor: float, loss_scale: float = 1.0, lr: float | None = None) -> dict:
-        """Update the shards from the summed gradients; returns {"grad_norm", "skipped", "comm_s"}
+    def step(self, grads: list[torch.Tensor], divisor: float, loss_scale: float = 1.0,
+             lr: float | None = None) -> dict:
+        """Update the shards from their summed gradients `grads`; returns {"grad_norm", "skipped", "comm_s"}
         (the seconds spent in the norm's all-reduce, where the ranks also wait for each other).
 
         A non-finite norm (an fp16 overflow on any rank) skips the update on every rank. The caller
-        then runs `Sharded.after_step` (ZeRO-1/2's all-gather), timed as communication. The
+        then runs the strategy's `after_step` (ZeRO-1/2's all-gather), timed as communication. The
         arithmetic keeps torch's order (average, then clip, then Adam) so the rounding matches a
         single-process `clip_grad_norm_` + `AdamW` run.
         """
         if lr is not None:
             self.config = dataclasses.replace(self.config, lr=lr)
-        grads = self.sharded.reduced_grads()
         d = divisor * loss_scale
         if not self.mixed:
             for g in grads:            # fp32: average in place (the summed buffers are spent after this)

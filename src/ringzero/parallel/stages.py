@@ -1,53 +1,20 @@
-"""What each data-parallel strategy shards, as types (as FSDP2's `ShardedState`), and its configuration.
-
-Rajbhandari et al. 2020 (§5): DP replicates everything and all-reduces gradients;
-ZeRO-1 shards the optimizer states (reduce-scatter gradients, update the own shard, all-gather
-weights); ZeRO-2 also shards gradients (each bucket is reduce-scattered during backward and the
-full gradient freed); ZeRO-3 also shards weights (all-gather each layer before its forward and
-again before its backward, free it after, reduce-scatter its gradients, no final all-gather).
-"""
+"""How a data-parallel strategy runs, besides what it shards (`plan.sharding`: the one table of the
+strategies and their collectives, re-exported here for the engine's callers)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..comm import registry
-
-
-@dataclass(frozen=True)
-class Stage:
-    """Which model states a strategy partitions across the data-parallel ranks."""
-
-    name: str
-    zero: int
-    shard_optimizer: bool
-    shard_grads: bool
-    shard_params: bool
-
-    @property
-    def reduces_every_micro_batch(self) -> bool:
-        """Sharded gradients cannot wait for the last micro-batch: the full gradient is freed."""
-        return self.shard_grads
-
-
-DP = Stage("dp", 0, False, False, False)
-ZERO1 = Stage("zero1", 1, True, False, False)
-ZERO2 = Stage("zero2", 2, True, True, False)
-ZERO3 = Stage("zero3", 3, True, True, True)
-STAGES = {s.name: s for s in (DP, ZERO1, ZERO2, ZERO3)}
-
-
-def stage(name: str) -> Stage:
-    if name not in STAGES:
-        raise ValueError(f"unknown strategy {name!r}; allowed: {', '.join(STAGES)}")
-    return STAGES[name]
+from ..plan.sharding import DP, STRATEGIES, ZERO1, ZERO2, ZERO3, Strategy  # noqa: F401
+from ..plan.sharding import strategy as stage  # noqa: F401
 
 
 @dataclass(frozen=True, kw_only=True)
 class ShardingConfig:
     """How a strategy runs (besides its `Stage`)."""
 
-    stage: Stage = DP
+    stage: Strategy = DP
     bucket_mb: float = 25.0
     """Gradient bucket size in MiB for DP/ZeRO-1/2 (DDP's default is 25); ZeRO-3 uses one bucket
     per layer."""

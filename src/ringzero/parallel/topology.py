@@ -1,20 +1,65 @@
-"""The rank grid, built once, validated, and passed explicitly (no module-level process groups).
+"""The engine's rank grid: a `plan.placement.Placement` with one process group per dimension.
 
-The engine runs data parallelism (with ZeRO) over every rank of `group`; tensor and pipeline
-parallelism exist in the planner only for now, so a grid with tp or pp > 1 is rejected here with a
-message saying so rather than silently ignored.
+Built once (`Topology.build`), validated at construction, and passed explicitly; nothing reads a
+module-level group. It holds this rank's coordinates and the process groups of its dp, tp and pp
+groups and of its dp x tp group (where a loss or a norm spans both), each a plain
+`torch.distributed` group that `ringzero.comm` collectives take as `group=`.
+
+Why not torch's `init_device_mesh`: a DeviceMesh is built by every rank of the default group, while
+ringzero runs grids on a subset of a live pool of ranks (tests, benchmarks) and on any group a caller
+passes in. The groups are made with `new_group(..., use_local_synchronization=True)`, which only
+their members enter, in one global order (every tp group, then dp, then pp, then dp x tp), so
+overlapping groups cannot deadlock. torch names such a group after its ranks and the number of groups
+the creating rank already belongs to, so the members must agree on that number: before each
+creation the grid's ranks take the maximum of their counts and the ranks behind join one-rank groups
+until they reach it. Groups are kept for the life of the process, by their ranks (a group of the same
+ranks is never made twice, so no name is reused). A dimension that spans the caller's whole group is
+that group.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
+
+from ..plan.placement import Placement
+
+KINDS = (("tp",), ("dp",), ("pp",), ("dp", "tp"))
+
+
+_GROUPS: dict[tuple[int, ...], object] = {}
+"""Process groups made so far, by their global ranks."""
+
+
+def _group_count() -> int:
+    # torch keeps no public count of the groups a rank belongs to; this is what its naming reads.
+    return len(dist.distributed_c10d._world.pg_names)
+
+
+def _align_group_counts(whole_group) -> None:
+    """Bring every rank of `whole_group` to the same number of groups (see the module doc)."""
+    count = torch.tensor([_group_count()], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX, group=whole_group)
+    me = dist.get_rank()
+    while _group_count() < int(count):
+        dist.new_group([me], use_local_synchronization=True)
+
+
+def _new_group(global_ranks: tuple[int, ...], whole: tuple[int, ...], whole_group):
+    """The process group of `global_ranks` (every rank of the caller's group calls this)."""
+    if global_ranks == whole:
+        return whole_group
+    _align_group_counts(whole_group)
+    if global_ranks not in _GROUPS:
+        _GROUPS[global_ranks] = dist.new_group(list(global_ranks), use_local_synchronization=True)
+    return _GROUPS[global_ranks]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Topology:
-    """This rank's place in a dp x tp x pp grid (tp and pp are 1 in the engine today)."""
+    """This rank's place in a dp x tp x pp grid, and the process groups of its dimensions."""
 
     world: int
     rank: int
@@ -23,25 +68,79 @@ class Topology:
     pp: int = 1
     ranks_per_node: int | None = None
     """Ranks sharing a node (hierarchical all-reduce, two-tier cost); None: all of them."""
-    group: object = None
-    """The data-parallel process group (None: the default group)."""
+    groups: dict[tuple[str, ...], object] = field(default_factory=dict)
+    """("dp",), ("tp",), ("pp",), ("dp", "tp") -> process group (absent, or None: the default group
+    for a one-dimensional grid; alone: no group needed)."""
 
     def __post_init__(self) -> None:
-        if self.tp != 1 or self.pp != 1:
-            raise ValueError(f"tp={self.tp}, pp={self.pp}: the training engine runs data parallelism "
-                             "(with ZeRO) only; tensor and pipeline parallelism are planned, not run")
-        if self.dp * self.tp * self.pp != self.world:
-            raise ValueError(f"dp x tp x pp = {self.dp * self.tp * self.pp} must equal the world size {self.world}")
-        if not 0 <= self.rank < self.world:
-            raise ValueError(f"rank {self.rank} is not in a world of {self.world}")
+        # Placement checks the degrees; the world and rank are checked against it.
+        p = self.placement
+        if p.world != self.world:
+            raise ValueError(f"dp x tp x pp = {self.dp} x {self.tp} x {self.pp} = {p.world} must equal the "
+                             f"world of {self.world} ranks")
+        p.coords(self.rank)
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(dp=self.dp, tp=self.tp, pp=self.pp, ranks_per_node=self.ranks_per_node)
+
+    @property
+    def coords(self) -> dict[str, int]:
+        return self.placement.coords(self.rank)
 
     @property
     def dp_rank(self) -> int:
-        return self.rank
+        return self.coords["dp"]
+
+    @property
+    def tp_rank(self) -> int:
+        return self.coords["tp"]
+
+    @property
+    def pp_rank(self) -> int:
+        return self.coords["pp"]
+
+    @property
+    def group(self):
+        """The data-parallel process group (where gradients are reduced)."""
+        return self.groups.get(("dp",))
+
+    @property
+    def tp_group(self):
+        return self.groups.get(("tp",))
+
+    @property
+    def pp_group(self):
+        return self.groups.get(("pp",))
+
+    @property
+    def dp_tp_group(self):
+        return self.groups.get(("dp", "tp"))
+
+    @classmethod
+    def build(cls, placement: Placement, group=None) -> "Topology":
+        """The grid `placement` over the ranks of `group` (default: the whole job), with its process
+        groups; every rank of `group` must call it."""
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        if placement.world != world:
+            raise ValueError(f"dp x tp x pp = {placement.dp} x {placement.tp} x {placement.pp} = "
+                             f"{placement.world} must equal the world of {world} ranks")
+        whole = tuple(dist.get_process_group_ranks(group) if group is not None else range(world))
+        groups = {}
+        for dims in KINDS:                              # one global order on every rank
+            members = placement.group(dims, rank)
+            groups[dims] = _new_group(tuple(whole[r] for r in members), whole, group)
+        return cls(world=world, rank=rank, dp=placement.dp, tp=placement.tp, pp=placement.pp,
+                   ranks_per_node=placement.ranks_per_node, groups=groups)
 
     @classmethod
     def data_parallel(cls, group=None, ranks_per_node: int | None = None) -> "Topology":
         """Every rank of `group` (default: the whole job) in one data-parallel group."""
         world = dist.get_world_size(group)
         return cls(world=world, rank=dist.get_rank(group), dp=world, ranks_per_node=ranks_per_node,
-                   group=group)
+                   groups={("dp",): group, ("dp", "tp"): group})
+
+    @classmethod
+    def alone(cls) -> "Topology":
+        """One rank, no process group."""
+        return cls(world=1, rank=0, dp=1)

@@ -38,7 +38,9 @@ from functools import lru_cache
 
 from .comm_volume import Volume, busiest, call_for, volume
 from .config import Parallel, Training
+from .placement import Placement
 from .shapes import ModelShape, param_count
+from .sharding import by_zero
 from .volumes import hierarchical
 
 KINDS = ("dp", "zero", "tp", "pp")
@@ -99,11 +101,6 @@ def hierarchical_parts(n: int, count: int, itemsize: int, node_size: int) -> tup
     return hierarchical.parts(call, 0)
 
 
-def node_share(stride: int, size: int, gpus_per_node: int) -> int:
-    """Members of a group of `size` ranks spaced `stride` apart that fall in one node."""
-    return max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
-
-
 def data_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int,
                       algorithm: str = "ring") -> list[CommOp]:
     """The gradient/weight collectives of DP or ZeRO over the dp group (empty when dp = 1)."""
@@ -120,22 +117,15 @@ def _data_parallel_ops(n_params: int, size: int, micro: int, n: int, tp: int, pp
     """`data_parallel_ops` from plain numbers (cached: a search asks again for every recomputation,
     sequence-parallel and schedule setting, which do not change them)."""
     local = math.ceil(n_params / (tp * pp))
-    node = node_share(tp, n, gpus_per_node)
+    node = Placement(dp=n, tp=tp, pp=pp, ranks_per_node=gpus_per_node).node_size("dp")
     padded = math.ceil(local / n) * n
 
-    def op(kind, what, coll, algo, count, calls, overlap):
-        return CommOp(kind, what, coll, algo, n, count, size, calls, node, overlap)
-
-    if zero == 0:
-        return (op("dp", "gradient all-reduce", "all_reduce", algorithm, local, 1, "backward"),)
-    rs_calls = 1 if zero == 1 else micro
-    ops = [op("zero", "gradient reduce-scatter", "reduce_scatter", "ring", padded, rs_calls, "backward")]
-    if zero < 3:
-        ops.append(op("zero", "weight all-gather after the step", "all_gather", "ring", padded, 1, "none"))
-    else:
-        ops.append(op("zero", "weight all-gather before forward", "all_gather", "ring", padded, micro, "forward"))
-        ops.append(op("zero", "weight all-gather before backward", "all_gather", "ring", padded, micro, "backward"))
-    return tuple(ops)
+    strategy = by_zero(zero)
+    kind = "dp" if zero == 0 else "zero"
+    count = padded if strategy.shard_optimizer else local
+    return tuple(CommOp(kind, c.what, c.collective, algorithm if c.collective == "all_reduce" else "ring", n,
+                        count, size, c.times(micro), node, c.overlap)
+                 for c in strategy.collectives)
 
 
 def tensor_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:
@@ -144,7 +134,7 @@ def tensor_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_nod
         return []
     return list(_tensor_parallel_ops(par.tp, tr.micro_batch * m.seq * m.hidden, tr.bytes_per_value,
                                      4 * math.ceil(m.layers / par.pp) * tr.accumulation(par.dp),
-                                     min(par.tp, gpus_per_node), par.sequence_parallel))
+                                     par.placement(gpus_per_node).node_size("tp"), par.sequence_parallel))
 
 
 @lru_cache(maxsize=65536)

@@ -1,7 +1,8 @@
 """The training loop that runs on every rank: build, train, evaluate, measure.
 
 Order of application (torchtitan's): model -> precision (cast) -> recomputation -> sharding
-(DP/ZeRO). Each step runs `grad_accum` micro-batches; DP and ZeRO-1 communicate only on the last.
+(DP/ZeRO). Each step runs its micro-batches through a step schedule (`step_schedule`), then the
+optimizer; DP and ZeRO-1 communicate only on the last micro-batch.
 The run measures what the planner predicts: model-state bytes held, bytes saved for backward,
 bytes sent and received (traffic meter), and time per phase. With `calibrate`, every rank also
 probes this machine's rates at `probe.probe_steps` (before the first step, between steps, after the
@@ -18,16 +19,18 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..parallel.comm_queue import CommQueue
 from ..parallel.optimizer import AdamConfig, ShardedAdam
 from ..parallel.precision import LossScaler, NoScaler, dtype
-from ..parallel.recompute import SavedBytes, apply_recompute
+from ..parallel.recompute import apply_recompute
 from ..parallel.stages import DP, ShardingConfig, stage
+from ..parallel.strategies import apply_sharding
 from ..parallel.topology import Topology
-from ..parallel.zero import apply_sharding
 from .config import TrainConfig
 from .data import ByteData, load_bytes
 from .model import GPT, AttentionCore
 from .probe import Prober, median_rates, probe_steps
+from .step_schedule import GradAccumulation, StepHooks
 
 MEASURE_STEP = 1
 """The step whose traffic and saved activations are measured (step 0 warms up; a one-step run
@@ -67,63 +70,50 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = GPT(cfg.shape, attention=cfg.attention, dropout=cfg.dropout).to(dtype(cfg.precision))
         apply_recompute(self.model, cfg.recompute, (AttentionCore,))
-        strategy = DP if cfg.strategy == "single" else stage(cfg.strategy)
-        self.sharded = apply_sharding(self.model, topology, ShardingConfig(
-            stage=strategy, bucket_mb=cfg.bucket_mb, algorithm=cfg.comm_algorithm))
-        self.opt = ShardedAdam(self.sharded, AdamConfig(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                                        weight_decay=cfg.weight_decay, clip=cfg.clip))
+        self.queue = CommQueue()
+        self.strategy = apply_sharding(self.model, topology, ShardingConfig(
+            stage=DP if cfg.strategy == "single" else stage(cfg.strategy), bucket_mb=cfg.bucket_mb,
+            algorithm=cfg.comm_algorithm), self.queue)
+        self.opt = ShardedAdam(self.strategy.owned_weights(), AdamConfig(
+            lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip),
+            self.strategy.sum_over_owners())
         self.scaler = LossScaler() if cfg.precision == "fp16" else NoScaler()
+        self.schedule = GradAccumulation()
         self.measure_step = min(MEASURE_STEP, cfg.steps - 1)
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
 
-    def _micro_batches(self, step: int):
+    def _micro_batches(self, step: int) -> list:
         c, t = self.cfg, self.topo
         x, y = self.data.batch("train", step, c.global_batch(t.dp), t.dp_rank, t.dp)
-        return zip(x.chunk(c.grad_accum), y.chunk(c.grad_accum))
+        return list(zip(x.chunk(c.grad_accum), y.chunk(c.grad_accum)))
 
     def step(self, step: int, res: RankResult) -> tuple[dict[str, float], float]:
         """One optimizer step; returns (seconds per phase, this rank's mean loss)."""
-        c, sh = self.cfg, self.sharded
-        ph = dict.fromkeys(("forward", "backward", "comm", "optimizer"), 0.0)
-        losses = []
-        for k, (x, y) in enumerate(self._micro_batches(step)):
-            sh.sync = k == c.grad_accum - 1
-            t0 = time.perf_counter()
-            if step == self.measure_step and k == 0:
-                with SavedBytes(self.model) as saved:
-                    loss = self.model(x, y)
-                res.activations = saved.total
-            else:
-                loss = self.model(x, y)
-            t1 = time.perf_counter()
-            (loss * self.scaler.scale).backward()
-            t2 = time.perf_counter()
-            sh.finish_backward()
-            t3 = time.perf_counter()
-            ph["forward"] += t1 - t0
-            ph["backward"] += t2 - t1
-            ph["comm"] += t3 - t2
-            losses.append(loss.item())
+        c, st = self.cfg, self.strategy
+        hooks = StepHooks(self.model, measure=step == self.measure_step)
+        losses = self.schedule.run(self.model, st, self._micro_batches(step), self.scaler.scale, hooks)
+        if hooks.saved_bytes is not None:
+            res.activations = hooks.saved_bytes
         if step == self.measure_step:
-            res.held = {**sh.held_bytes(), "optimizer": self.opt.state_bytes()}
-        t4 = time.perf_counter()
-        out = self.opt.step(divisor=self.topo.dp * c.grad_accum, loss_scale=self.scaler.scale,
-                            lr=c.lr_at(step))
-        t5 = time.perf_counter()
-        sh.after_step()
-        t6 = time.perf_counter()
+            res.held = {**st.held_bytes(), "optimizer": self.opt.state_bytes()}
+        with hooks.phase("optimizer"):
+            out = self.opt.step(st.reduced_grads(), divisor=self.topo.dp * c.grad_accum,
+                                loss_scale=self.scaler.scale, lr=c.lr_at(step))
+        with hooks.phase("comm"):
+            st.after_step()
         self.scaler.update(out["skipped"])
-        sh.zero_grad()
-        ph["optimizer"] += t5 - t4 - out["comm_s"]
-        ph["comm"] += t6 - t5 + out["comm_s"]
+        st.zero_grad()
+        ph = hooks.seconds
+        ph["optimizer"] -= out["comm_s"]         # the norm's all-reduce is communication
+        ph["comm"] += out["comm_s"]
         return ph, sum(losses) / len(losses)
 
     def _mean_over_ranks(self, value: float) -> float:
         if self.topo.dp == 1:
             return value
         t = torch.tensor([value], dtype=torch.float64)
-        self.sharded.queue.submit(comm.all_reduce, t, op="avg", group=self.topo.group, algorithm="torch")
-        self.sharded.queue.drain()
+        self.queue.submit(comm.all_reduce, t, op="avg", group=self.topo.group, algorithm="torch")
+        self.queue.drain()
         return float(t)
 
     @torch.no_grad()
@@ -134,7 +124,7 @@ class Trainer:
         for i in range(c.eval_batches):
             x, y = self.data.batch("val", i, c.micro_batch * t.dp, t.dp_rank, t.dp)
             losses.append(self.model(x, y).item())
-        self.sharded.finish_backward()
+        self.strategy.finish_backward()
         self.model.train()
         return self._mean_over_ranks(sum(losses) / len(losses))
 
@@ -143,7 +133,7 @@ class Trainer:
         res = RankResult(rank=self.topo.rank)
         phases, totals = [], []
         points = set(probe_steps(c.steps)) if calibrate else set()
-        prober, start = Prober(c, self.sharded) if points else None, time.perf_counter()
+        prober, start = Prober(c, self.strategy) if points else None, time.perf_counter()
         for step in range(c.steps):
             if step in points:
                 res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
@@ -169,31 +159,26 @@ class Trainer:
         res.step_times = totals[steady]
         res.step_time = statistics.median(res.step_times)
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
-        res.buckets = self.sharded.bucket_layout()
+        res.buckets = self.strategy.layout()
         res.probe = median_rates(res.probes) if res.probes else {}
         if keep_params:
             res.params = self.full_params()
-        self.sharded.close()
+        self.close()
         return res
 
+    def close(self) -> None:
+        self.strategy.close()
+        self.queue.close()
+
     def full_params(self) -> dict[str, list[float]]:
-        """Every parameter's full value (gathered under ZeRO-3), by name, as float lists."""
-        sh = self.sharded
-        out = {}
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        for bi, b in enumerate(sh.buckets):
-            flat = sh.param_flats[bi]
-            if flat is None:
-                flat = sh.queue.submit(sh._gather, bi).result()
-            for p, v in zip(b.params, b.views(flat)):
-                out[names[id(p)]] = v.detach().float().reshape(-1).tolist()
-        return out
+        """Every parameter's full value (gathered when sharded), by name, as float lists."""
+        return {k: v.float().tolist() for k, v in self.strategy.full_params().items()}
 
 
 def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,
                calibrate: bool = True) -> RankResult:
     """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
-    topo = Topology.data_parallel(group) if dist.is_initialized() else Topology(world=1, rank=0, dp=1)
+    topo = Topology.data_parallel(group) if dist.is_initialized() else Topology.alone()
     if cfg.strategy == "single" and topo.world != 1:
         raise ValueError(f"strategy 'single' runs on one rank, not {topo.world}")
     return Trainer(cfg, topo).run(progress, keep_params, calibrate)

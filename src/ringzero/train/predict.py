@@ -16,13 +16,19 @@ ranks under ZeRO) as one collective, so the exact bytes are Σ over buckets of
 from __future__ import annotations
 
 from ..plan import activations as act
+from ..plan import sharding
 from ..plan.comm_volume import call_for, formula, volume
 from ..plan.config import Parallel, Training
 from ..plan.memory import model_states, state_bytes
 from ..plan.shapes import ModelShape, param_count
+from ..plan.sharding import Strategy
 from .config import TrainConfig
 
-ZERO = {"single": 0, "dp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+
+
+def strategy(cfg: TrainConfig) -> Strategy:
+    """The run's data-parallel strategy ("single" is DP on one rank)."""
+    return sharding.DP if cfg.strategy == "single" else sharding.strategy(cfg.strategy)
 
 
 def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
@@ -33,7 +39,7 @@ def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
 def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Parallel]:
     tr = Training(micro_batch=cfg.micro_batch, global_batch=cfg.global_batch(world),
                   precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
-    par = Parallel(dp=world, zero=ZERO[cfg.strategy], recompute=cfg.recompute,
+    par = Parallel(dp=world, zero=strategy(cfg).zero, recompute=cfg.recompute,
                    flash_attention=fused_attention(cfg), bucket_mb=cfg.bucket_mb)
     return cfg.shape, tr, par
 
@@ -69,33 +75,8 @@ def _algorithm(cfg: TrainConfig, collective: str, n: int, nbytes: int) -> str:
 
 def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, int, int]]:
     """The collectives of one step: (collective, elements, itemsize, times) for `buckets` of
-    (elements, is the ZeRO-3 root).
-
-    Per bucket: DP all-reduces once per step; ZeRO-1 reduce-scatters once and all-gathers once;
-    ZeRO-2 reduce-scatters every micro-batch; ZeRO-3 reduce-scatters every micro-batch and
-    all-gathers a layer before its forward and again before its backward, the root (embeddings and
-    final norm, used at both ends of the model) once per micro-batch. With sharded gradients the
-    optimizer all-reduces one fp32 number, the squared gradient norm.
-    """
-    itemsize = 4 if cfg.precision == "fp32" else 2
-    zero, n, micro = ZERO[cfg.strategy], world, cfg.grad_accum
-    if n == 1:
-        return []
-    out: list[tuple[str, int, int, int]] = []
-    for numel, root in buckets:
-        padded = -(-numel // n) * n
-        if zero == 0:
-            out.append(("all_reduce", numel, itemsize, 1))
-        elif zero == 1:
-            out += [("reduce_scatter", padded, itemsize, 1), ("all_gather", padded, itemsize, 1)]
-        elif zero == 2:
-            out += [("reduce_scatter", padded, itemsize, micro), ("all_gather", padded, itemsize, 1)]
-        else:
-            out += [("reduce_scatter", padded, itemsize, micro),
-                    ("all_gather", padded, itemsize, micro * (1 if root else 2))]
-    if zero:
-        out.append(("all_reduce", 1, 4, 1))
-    return out
+    (elements, is the ZeRO-3 root), from the strategy's schedule (`plan.sharding`)."""
+    return strategy(cfg).calls(buckets, world, 4 if cfg.precision == "fp32" else 2, cfg.grad_accum)
 
 
 def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0) -> dict[str, int]:
@@ -125,5 +106,5 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) 
 
 def optimizer_shard(cfg: TrainConfig, world: int) -> float:
     """Parameters in this rank's optimizer shard (the fused AdamW kernel runs over them once)."""
-    return param_count(cfg.shape).total / (world if ZERO[cfg.strategy] else 1)
+    return param_count(cfg.shape).total / (world if strategy(cfg).zero else 1)
 

@@ -45,8 +45,6 @@ from .. import comm
 from ..parallel.optimizer import AdamConfig, ShardedAdam
 from ..parallel.precision import dtype as dtype_of
 from ..parallel.recompute import apply_recompute
-from ..parallel.stages import DP
-from ..parallel.topology import Topology
 from ..plan import flops
 from . import predict
 from .config import TrainConfig
@@ -71,24 +69,12 @@ def call_key(collective: str, elements: int, itemsize: int) -> str:
     return f"{collective}/{elements}x{itemsize}"
 
 
-class _Shards:
-    """What `ShardedAdam` reads of a `parallel.zero.Sharded`, over synthetic shards on one rank (so
-    the norm's all-reduce does not run), with gradients of global norm `norm`."""
-
-    stage = DP
-    topology = Topology(world=1, rank=0, dp=1)
-
-    def __init__(self, sizes: list[int], dt: torch.dtype, norm: float) -> None:
-        self.weights = [torch.randn(n).to(dt) for n in sizes]
-        grads = [torch.randn(n) for n in sizes]
-        scale = norm / math.sqrt(sum(float(g.square().sum()) for g in grads))
-        self.grads = [g.mul_(scale).to(dt) for g in grads]
-
-    def param_shards_view(self) -> list[torch.Tensor]:
-        return self.weights
-
-    def reduced_grads(self) -> list[torch.Tensor]:
-        return self.grads
+def _shards(sizes: list[int], dt: torch.dtype, norm: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Synthetic (weights, gradients) of these sizes, the gradients of global norm `norm`."""
+    weights = [torch.randn(n).to(dt) for n in sizes]
+    grads = [torch.randn(n) for n in sizes]
+    scale = norm / math.sqrt(sum(float(g.square().sum()) for g in grads))
+    return weights, [g.mul_(scale).to(dt) for g in grads]
 
 
 def _seconds(fn, reps: int) -> float:
@@ -120,11 +106,12 @@ def _time_calls(calls: dict[str, object]) -> dict[str, float]:
 
 
 class Prober:
-    """This rank's probes for one run of `cfg` on `sharded` (see the module doc)."""
+    """This rank's probes for one run of `cfg` under `strategy` (see the module doc)."""
 
-    def __init__(self, cfg: TrainConfig, sharded) -> None:
+    def __init__(self, cfg: TrainConfig, strategy) -> None:
         from .model import AttentionCore, Block
-        self.cfg, self.sharded, self.dtype = cfg, sharded, dtype_of(cfg.precision)
+        self.cfg, self.strategy, self.dtype = cfg, strategy, dtype_of(cfg.precision)
+        self.queue = strategy.queue
         m = cfg.shape
         torch.manual_seed(0)
         holder = nn.ModuleList([Block(m, cfg.attention, cfg.dropout).to(self.dtype)])
@@ -134,7 +121,7 @@ class Prober:
         self.grad = torch.randn_like(self.x)      # (b, s, h), dense as the next layer's gradient is
         self.work = flops.layer_flops_per_token(m, cfg.recompute) * cfg.micro_batch * m.seq
         sizes, total = [], 0
-        for shard in sharded.param_shards_view():
+        for shard in strategy.owned_weights():
             n = min(shard.numel(), OPT_MAX_PARAMS - total)
             if n <= 0:
                 break
@@ -146,20 +133,21 @@ class Prober:
         # `clip` divided by 0.5 have norm 2·clip and are scaled by 1/2, every call (fp32 divides
         # and scales them in place, so each call leaves them at norm `clip` again).
         self.divisor = 0.5 if cfg.clip else 1.0
-        self.opt = ShardedAdam(_Shards(sizes, self.dtype, cfg.clip or 1.0), AdamConfig(
+        weights, self.grads = _shards(sizes, self.dtype, cfg.clip or 1.0)
+        self.opt = ShardedAdam(weights, AdamConfig(          # alone: the norm's all-reduce does not run
             lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip))
         self.calls = self._calls()
         self.warm = False
 
     def _calls(self) -> dict[str, object]:
-        sh, world = self.sharded, self.sharded.topology.dp
+        st, world = self.strategy, self.strategy.topology.dp
         out = {}
-        for collective, elements, itemsize, _ in predict.calls(self.cfg, world, sh.bucket_layout()):
+        for collective, elements, itemsize, _ in predict.calls(self.cfg, world, st.layout()):
             key = call_key(collective, elements, itemsize)
             dt = torch.float32 if itemsize == 4 else self.dtype
             if key not in out:
-                out[key] = _collective(collective, elements, dt, world, sh.group,
-                                       sh.config.algorithm_for(collective))
+                out[key] = _collective(collective, elements, dt, world, st.group,
+                                       st.config.algorithm_for(collective))
         return out
 
     def _pass(self) -> None:
@@ -175,27 +163,27 @@ class Prober:
         collectives' connections): seconds the run's first step would otherwise spend."""
         t0 = time.perf_counter()
         self._pass()
-        self.opt.step(divisor=self.divisor)
+        self.opt.step(self.grads, divisor=self.divisor)
         for fn in self.calls.values():
-            self.sharded.queue.submit(fn).result()
+            self.queue.submit(fn).result()
         return time.perf_counter() - t0
 
     def __call__(self) -> dict:
         """{"flops": FLOP/s, "optimizer_s_per_param": s, "comm": {call_key: s}, "cost_s": seconds
         this point took, "warmup_s": seconds of first use (the first point only)}."""
-        self.sharded.queue.drain()
+        self.queue.drain()
         warmup = 0.0 if self.warm else self._warm_up()
         self.warm = True
         t0 = time.perf_counter()
-        if dist.is_initialized() and self.sharded.topology.dp > 1:
-            dist.barrier(self.sharded.group)
+        if dist.is_initialized() and self.strategy.topology.dp > 1:
+            dist.barrier(self.strategy.group)
         rate = self.work / _seconds(self._pass, COMPUTE_REPS)
-        opt_s = _seconds(lambda: self.opt.step(divisor=self.divisor), OPT_REPS) / self.opt_params
+        opt_s = _seconds(lambda: self.opt.step(self.grads, divisor=self.divisor), OPT_REPS) / self.opt_params
         timed = {}
         if self.calls:                 # together again: no rank's first call waits for a slower one
-            dist.barrier(self.sharded.group)
-            timed = self.sharded.queue.submit(_time_calls, self.calls).result()
-        self.sharded.queue.drain()
+            dist.barrier(self.strategy.group)
+            timed = self.queue.submit(_time_calls, self.calls).result()
+        self.queue.drain()
         return {"flops": rate, "optimizer_s_per_param": opt_s, "comm": timed,
                 "cost_s": time.perf_counter() - t0, "warmup_s": warmup}
 

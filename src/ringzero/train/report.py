@@ -88,7 +88,7 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
                 "source": "alpha-beta-gamma model"}
     out = {"exposed": 0.0, "in_compute": 0.0, "source": "in-run probe"}
     for k, (collective, _, _, times) in zip(keys, calls):
-        layer_gather = predict.ZERO[cfg.strategy] == 3 and collective == "all_gather"
+        layer_gather = predict.strategy(cfg).shard_params and collective == "all_gather"
         out["in_compute" if layer_gather else "exposed"] += times * probed[k]
     return out
 

@@ -1,0 +1,21 @@
+"""Data parallelism: every rank keeps the whole model and all-reduces its gradients (Li et al. 2020).
+
+Each bucket is all-reduced once per step, on the last micro-batch, as soon as its last gradient has
+arrived (DDP's overlap of communication with backward); the sum is averaged by the optimizer.
+"""
+
+from __future__ import annotations
+
+from .. import comm
+from ..plan.sharding import DP
+from .flat_group import FlatGroup, Grads
+from .flat_strategy import FlatStrategy
+
+
+class DataParallel(FlatStrategy):
+    schedule = DP
+
+    def _reduce(self, g: FlatGroup) -> None:
+        if self.topology.dp > 1:     # one rank: the sum is the gradient (and no group is needed)
+            comm.all_reduce(g.grad_flat, op="sum", group=self.group, algorithm=self._algorithm("all_reduce"))
+        g.grads = Grads.REDUCED

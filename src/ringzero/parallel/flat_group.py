@@ -1,0 +1,117 @@
+"""One flat bucket of parameters with its weights and gradients, in explicit states.
+
+As FSDP2's `FSDPParamGroup` (its `ShardedState` and `TrainingState`), each group says where its
+weights and its gradient are instead of leaving `None` to stand for a state:
+
+weights  FULL      the whole bucket is held and bound (DP, ZeRO-1/2: always)
+         SHARDED   only this rank's shard is held (ZeRO-3 between uses)
+         GATHERING an all-gather of the bucket is in flight (ZeRO-3's prefetch)
+         GATHERED  the gathered bucket is bound for a forward or backward (ZeRO-3)
+
+grads    EMPTY     nothing accumulated since the last `zero_grad`
+         PARTIAL   this rank's unreduced gradients are in the flat (accumulation before the last
+                   micro-batch under DP and ZeRO-1, or a backward under way)
+         REDUCED   every gradient so far is reduced (into the flat under DP, the shard under ZeRO)
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from enum import Enum
+
+import torch
+from torch import nn
+
+from .flat import FlatBucket
+
+
+class Weights(Enum):
+    FULL = "full"
+    SHARDED = "sharded"
+    GATHERING = "gathering"
+    GATHERED = "gathered"
+
+
+class Grads(Enum):
+    EMPTY = "empty"
+    PARTIAL = "partial"
+    REDUCED = "reduced"
+
+
+def nbytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if t is not None)
+
+
+class FlatGroup:
+    """Bucket `bucket` (index `index`; `root`: ZeRO-3's bucket of the parameters outside layers)."""
+
+    def __init__(self, bucket: FlatBucket, index: int, root: bool = False) -> None:
+        self.bucket, self.index, self.root = bucket, index, root
+        self.weights = Weights.FULL
+        self.grads = Grads.EMPTY
+        self.full: torch.Tensor | None = bucket.gather_params()   # (padded,) bound to the parameters
+        self.shard: torch.Tensor | None = None       # (shard,) ZeRO-3's own weights
+        self.gathering: Future | None = None
+        self.landing: torch.Tensor | None = None     # the all-gather's output while it is filled
+        self.grad_flat: torch.Tensor | None = None   # (padded,) gradients of this rank
+        self.grad_shard: torch.Tensor | None = None  # (shard,) reduced gradients of this rank's shard
+        self.arrived = 0                             # parameters whose gradient this backward produced
+        self.got: set[int] = set()                   # their slots (for the missing-gradient check)
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return self.bucket.params
+
+    # -- weights --------------------------------------------------------------------------------
+    def bind_full(self) -> None:
+        self.bucket.bind(self.full)
+        self.weights = Weights.FULL
+
+    def keep_shard(self) -> None:
+        """FULL -> SHARDED: keep a copy of this rank's shard, drop the rest."""
+        b = self.bucket
+        self.shard = self.full[b.lo:b.hi].clone()
+        self.release()
+
+    def bind_gathered(self, full: torch.Tensor) -> None:
+        """GATHERING -> GATHERED."""
+        self.bucket.bind(full)
+        self.full, self.landing, self.gathering = full, None, None
+        self.weights = Weights.GATHERED
+
+    def release(self) -> None:
+        """-> SHARDED: the parameters lose their storage (the Parameter objects stay)."""
+        self.bucket.unbind()
+        self.full = None
+        self.weights = Weights.SHARDED
+
+    def owned_weights(self) -> torch.Tensor:
+        """The weights this rank's optimizer updates: its shard, or the whole bucket when unsharded."""
+        b = self.bucket
+        return self.shard if self.shard is not None else self.full[b.lo:b.hi]
+
+    # -- gradients ------------------------------------------------------------------------------
+    def accumulate(self, i: int, p: nn.Parameter) -> None:
+        """Add p.grad into slot i of the gradient flat, and drop it."""
+        if self.grad_flat is None:
+            self.grad_flat = self.bucket.empty()
+        self.bucket.slot(i, self.grad_flat).add_(p.grad.reshape(-1))
+        p.grad = None
+        self.grads = Grads.PARTIAL
+
+    def add_reduced_shard(self, out: torch.Tensor) -> None:
+        if self.grad_shard is None:
+            self.grad_shard = out
+        else:
+            self.grad_shard.add_(out)
+        self.grads = Grads.REDUCED
+
+    def zero_grad(self) -> None:
+        """Zero the accumulators in place (DDP keeps its buckets too: no reallocation)."""
+        for t in (self.grad_flat, self.grad_shard):
+            if t is not None:
+                t.zero_()
+        self.grads = Grads.EMPTY
+
+    def missing(self) -> list[nn.Parameter]:
+        return [p for i, p in enumerate(self.params) if i not in self.got]

@@ -1,0 +1,186 @@
+"""The interface every data-parallel strategy shares, and what they all do the same way.
+
+A strategy lays the model's parameters out in `FlatGroup`s and hooks the model so that gradients are
+reduced over the dp group as backward produces them (Li et al. 2020's bucketing: a bucket's
+collective starts from a post-accumulate-grad hook once its last gradient has arrived, so
+communication overlaps the rest of backward). What is sharded, which collective reduces and when
+comes from the strategy's `plan.sharding.Strategy` (`schedule`); the subclasses in
+`data_parallel.py`, `zero.py` and `zero3.py` say how. Every collective runs on the injected
+`CommQueue`, in issue order.
+
+The public interface, all a trainer, optimizer or benchmark uses:
+
+    sync                     False before all but the last micro-batch of a step (DDP's no_sync)
+    finish_backward()        wait for this micro-batch's collectives; check every gradient came
+    owned_weights()          the weights this rank's optimizer updates, one tensor per bucket
+    reduced_grads()          their summed gradients (summed over ranks and micro-batches)
+    sum_over_owners()        how to sum a tensor over the ranks owning other shards (or None)
+    after_step()             what follows the update (ZeRO-1/2: gather the weights)
+    zero_grad()              zero the gradient accumulators
+    held_bytes(), transient_bytes(), layout(), full_params(), close()
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import comm
+from ..plan.sharding import Strategy
+from .comm_queue import CommQueue
+from .flat import FlatBucket
+from .flat_group import FlatGroup, Weights, nbytes
+from .stages import ShardingConfig
+from .topology import Topology
+
+
+class FlatStrategy:
+    """`model` in flat buckets with this strategy's gradient hooks (see the module doc)."""
+
+    schedule: Strategy
+
+    def __init__(self, model: nn.Module, topology: Topology, config: ShardingConfig,
+                 queue: CommQueue | None = None) -> None:
+        self.model, self.topology, self.config = model, topology, config
+        self._owns_queue = queue is None
+        self.queue = CommQueue() if queue is None else queue
+        self.group = topology.group
+        self.sync = True
+        shards, index = (topology.dp, topology.dp_rank) if self.schedule.shard_optimizer else (1, 0)
+        params, root = self._buckets()
+        self.groups = [FlatGroup(FlatBucket(ps, shards, index), i, root=i == root) for i, ps in enumerate(params)]
+        for g in self.groups:
+            g.bind_full()
+            for i, p in enumerate(g.params):
+                p.register_post_accumulate_grad_hook(self._grad_hook(g, i))
+
+    # -- layout ---------------------------------------------------------------------------------
+    def _buckets(self) -> tuple[list[list[nn.Parameter]], int | None]:
+        """Parameters in buckets of `config.bucket_mb` (one dtype each) in reverse registration order,
+        roughly the order backward produces their gradients; no root bucket."""
+        params = [p for p in self.model.parameters() if p.requires_grad][::-1]
+        limit, groups, size = self.config.bucket_mb * 2**20, [[]], 0
+        for p in params:
+            n = p.numel() * p.element_size()
+            if groups[-1] and (size + n > limit or p.dtype != groups[-1][0].dtype):
+                groups.append([])
+                size = 0
+            groups[-1].append(p)
+            size += n
+        return [g for g in groups if g], None
+
+    # -- gradients ------------------------------------------------------------------------------
+    def _grad_hook(self, g: FlatGroup, i: int):
+        def hook(p: nn.Parameter) -> None:
+            self._arrive(g, i, p)
+            g.got.add(i)
+            g.arrived += 1
+            if g.arrived == len(g.params):
+                g.arrived = 0
+                self._bucket_done(g)
+        return hook
+
+    def _arrive(self, g: FlatGroup, i: int, p: nn.Parameter) -> None:
+        g.accumulate(i, p)
+
+    def _bucket_done(self, g: FlatGroup) -> None:
+        """Bucket g has every gradient of this backward: reduce it when the schedule says so."""
+        if self.sync or self.schedule.reduces_every_micro_batch:
+            self.queue.submit(self._reduce, g)
+
+    def _reduce(self, g: FlatGroup) -> None:
+        raise NotImplementedError
+
+    def _algorithm(self, collective: str) -> str:
+        return self.config.algorithm_for(collective)
+
+    def finish_backward(self) -> None:
+        """Wait for this micro-batch's collectives (call after every backward)."""
+        self.queue.drain()
+        got = sum(len(g.got) for g in self.groups)
+        missing = [p for g in self.groups for p in g.missing()] if got else []
+        for g in self.groups:
+            g.got, g.arrived = set(), 0
+        if missing:
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            listed = [names.get(id(p), str(tuple(p.shape))) for p in missing]
+            raise RuntimeError(f"parameters got no gradient in this backward: {', '.join(listed[:6])}"
+                               f"{' ...' if len(listed) > 6 else ''}; every parameter must take part in the loss")
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        """This rank's summed gradient for each bucket's shard (the whole bucket when unsharded)."""
+        if self.schedule.shard_optimizer:
+            return [g.grad_shard if g.grad_shard is not None else g.bucket.empty(shard=True) for g in self.groups]
+        return [g.grad_flat if g.grad_flat is not None else g.bucket.empty() for g in self.groups]
+
+    def sum_over_owners(self):
+        """A function that sums a tensor in place over the ranks whose gradient shards differ (for
+        the global norm); None when every rank holds every gradient."""
+        if not (self.schedule.norm_all_reduce and self.topology.dp > 1):
+            return None
+
+        def reduce(t: torch.Tensor) -> None:
+            self.queue.submit(comm.all_reduce, t, op="sum", group=self.group,
+                              algorithm=self._algorithm("all_reduce"))
+            self.queue.drain()
+        return reduce
+
+    def zero_grad(self) -> None:
+        for g in self.groups:
+            g.zero_grad()
+
+    # -- weights --------------------------------------------------------------------------------
+    def owned_weights(self) -> list[torch.Tensor]:
+        return [g.owned_weights() for g in self.groups]
+
+    def after_step(self) -> None:
+        """Nothing by default (DP updated the whole model on every rank)."""
+
+    def _gather(self, g: FlatGroup) -> torch.Tensor:
+        """The bucket's full weights from every rank's shard (on the queue's thread)."""
+        b = g.bucket
+        src = g.shard if g.shard is not None else g.full[b.lo:b.hi].clone()
+        if self.topology.dp == 1:
+            return src.clone()
+        full = torch.empty(b.padded, dtype=b.dtype, device=b.device)    # every element is overwritten
+        g.landing = full
+        comm.all_gather_into_tensor(full, src, group=self.group, algorithm=self._algorithm("all_gather"))
+        return full
+
+    def full_params(self) -> dict[str, torch.Tensor]:
+        """Every parameter's full value (gathered when sharded), by name, flat."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        out = {}
+        for g in self.groups:
+            flat = g.full
+            if g.weights not in (Weights.FULL, Weights.GATHERED):
+                flat = self.queue.submit(self._gather, g).result()
+                g.landing = None
+            for p, v in zip(g.params, g.bucket.views(flat)):
+                out[names[id(p)]] = v.detach().reshape(-1)
+        return out
+
+    # -- accounting -----------------------------------------------------------------------------
+    def layout(self) -> list[tuple[int, bool]]:
+        """(elements, is ZeRO-3's root bucket) of every bucket, in order."""
+        return [(g.bucket.numel, g.root) for g in self.groups]
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes of weights and gradients this rank holds between steps (tensor sizes, padding included)."""
+        s = self.schedule
+        params = nbytes(g.shard for g in self.groups) if s.shard_params else nbytes(g.full for g in self.groups)
+        grads = nbytes(g.grad_shard if s.shard_grads else g.grad_flat for g in self.groups)
+        return {"params": params, "grads": grads}
+
+    def transient_bytes(self) -> int:
+        """Full-size buffers alive now beyond what is held between steps: gathered layers, all-gather
+        outputs being filled, unreduced gradient flats and parameter gradients not yet in a flat."""
+        s = self.schedule
+        n = nbytes(g.full for g in self.groups) + nbytes(g.landing for g in self.groups) if s.shard_params else 0
+        n += nbytes(p.grad for g in self.groups for p in g.params)
+        return n + (nbytes(g.grad_flat for g in self.groups) if s.shard_grads else 0)
+
+    def close(self) -> None:
+        """Stop the communication thread when this strategy made it."""
+        if self._owns_queue:
+            self.queue.close()

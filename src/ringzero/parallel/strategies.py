@@ -1,0 +1,22 @@
+"""The data-parallel strategies by name: one class each, the same interface (`flat_strategy`)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .comm_queue import CommQueue
+from .data_parallel import DataParallel
+from .flat_strategy import FlatStrategy
+from .stages import ShardingConfig
+from .topology import Topology
+from .zero import ZeRO1, ZeRO2
+from .zero3 import ZeRO3
+
+CLASSES: dict[str, type[FlatStrategy]] = {c.schedule.name: c for c in (DataParallel, ZeRO1, ZeRO2, ZeRO3)}
+
+
+def apply_sharding(model: nn.Module, topology: Topology, config: ShardingConfig,
+                   queue: CommQueue | None = None) -> FlatStrategy:
+    """Lay out `model` for `config.stage` over `topology`'s dp group; its collectives run on `queue`
+    (a new one, owned and closed by the strategy, when None)."""
+    return CLASSES[config.stage.name](model, topology, config, queue)
