@@ -2,7 +2,13 @@
 tied embeddings (GPT-2, Radford et al. 2019; nanoGPT's layout). Its shape is a `plan.ModelShape`, so
 the planner describes exactly this model.
 
-The model knows nothing of parallelism. Two knobs matter for activation memory:
+The model knows nothing of parallelism, but it is shape-generic so that tensor parallelism
+(`ringzero.parallel.tensor_parallel`) can swap its modules: attention derives its head count from the
+width of the fused qkv output and a fixed head_dim (a rank holding a/t heads gets (b, s, 3h/t)), and
+its sequence length from that output too (under sequence parallelism a block's input holds s/t
+tokens, which qkv all-gathers); the tied head and the loss are submodules (`head`, `loss`).
+
+Two knobs matter for activation memory:
 `attention="eager"` materialises the (b, a, s, s) scores, softmax and dropout mask, the case of
 Korthikanti et al. 2022's 5·a·s²·b term (§4.1); `attention="sdpa"` calls torch's fused
 `scaled_dot_product_attention`, which keeps no s x s tensor (the flash-attention case). The attention
@@ -58,17 +64,18 @@ class AttentionCore(nn.Module):
 class Attention(nn.Module):
     def __init__(self, m: ModelShape, attention: str, dropout: float) -> None:
         super().__init__()
-        self.heads = m.heads
+        self.head_dim = m.head_dim
         self.qkv = nn.Linear(m.hidden, 3 * m.hidden, bias=m.bias)                 # (b, s, h) -> (b, s, 3h)
         self.core = AttentionCore(m.seq, attention, dropout)
         self.proj = nn.Linear(m.hidden, m.hidden, bias=m.bias)
         self.drop = _dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
-        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2)   # (b, a, s, d)
-                   for t in self.qkv(x).split(h, dim=2))
-        y = self.core(q, k, v).transpose(1, 2).contiguous().view(b, s, h)
+        qkv = self.qkv(x)                                  # (b, s, 3·a·d): q, k, v of a heads, stacked
+        b, s, width = qkv.shape
+        q, k, v = (t.view(b, s, -1, self.head_dim).transpose(1, 2)              # (b, a, s, d)
+                   for t in qkv.chunk(3, dim=2))
+        y = self.core(q, k, v).transpose(1, 2).contiguous().view(b, s, width // 3)
         return self.drop(self.proj(y))
 
 
@@ -97,6 +104,20 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+class TiedHead(nn.Module):
+    """Logits from the token embedding's weight: (b, s, h) @ (V, h)ᵀ -> (b, s, V)."""
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight)
+
+
+class CrossEntropy(nn.Module):
+    """Mean cross-entropy of logits (b, s, V) against targets (b, s), computed in fp32."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
 class GPT(nn.Module):
     """A GPT of shape `m` (which must be one this model can be: see `check_shape`)."""
 
@@ -113,6 +134,8 @@ class GPT(nn.Module):
         self.drop = _dropout(dropout)
         self.blocks = nn.ModuleList(Block(m, attention, dropout) for _ in range(m.layers))
         self.ln_f = nn.LayerNorm(m.hidden, bias=m.bias)
+        self.head = TiedHead()
+        self.loss = CrossEntropy()
         self.apply(self._init)
         for name, p in self.named_parameters():          # GPT-2: scale residual projections by 1/sqrt(2L)
             if name.endswith("proj.weight"):
@@ -134,7 +157,5 @@ class GPT(nn.Module):
         x = self.drop(self.wte(idx) + self.wpe(pos))                              # (b, s, h)
         for block in self.blocks:
             x = block(x)
-        logits = F.linear(self.ln_f(x), self.wte.weight)                         # tied head: (b, s, V)
-        if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        logits = self.head(self.ln_f(x), self.wte.weight)                        # tied: (b, s, V)
+        return logits if targets is None else self.loss(logits, targets)
