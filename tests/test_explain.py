@@ -120,6 +120,13 @@ def test_the_smallest_sizes_that_hold_an_element_are_explained(capsys):
         assert json.loads(capsys.readouterr().out)["totals"]["count"] == count
 
 
+def test_bytes_take_the_units_of_every_command(capsys):
+    """1MB is 10^6 bytes and 1MiB 2^20, as in `ringzero plan` and `bench comm` (plan.units)."""
+    for text, count in (("1MB", 250_000), ("1MiB", 1 << 18), ("4K", 1024)):
+        assert main(["explain", "all-reduce", "--bytes", text, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["totals"]["count"] == count
+
+
 def test_a_failure_after_checking_is_not_bad_input(capsys, monkeypatch):
     from ringzero.comm import explain as explain_mod
 

@@ -1,6 +1,5 @@
 """`ringzero plan`: the tables, the JSON schema, flag handling, bad input, the plot and the search."""
 
-import importlib.util
 import json
 import os
 
@@ -14,7 +13,6 @@ from ringzero.plan.presets import MODELS, TRAINED_TOKENS
 
 SPEC = ["plan", "--model", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb", "--zero", "3"]
 CUSTOM = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128"]
-has_search = importlib.util.find_spec("ringzero.plan.search") is not None
 
 
 def _main(argv, capsys):
@@ -247,7 +245,6 @@ def test_single_gpu_plan_has_no_communication(capsys):
     assert "no communication (one GPU)" in out and "N=2 (what if)" in out
 
 
-@pytest.mark.skipif(not has_search, reason="ringzero.plan.search is not there yet")
 def test_search_prints_the_top_configurations(capsys):
     code, out, err = _main(["plan", "--model", "gpt2", "--gpus", "8", "--search", "--top", "3"], capsys)
     assert code == 0, err
@@ -261,7 +258,6 @@ def test_search_prints_the_top_configurations(capsys):
     assert s["evaluated"] >= s["fitting"] >= 2 and s["why"]
 
 
-@pytest.mark.skipif(not has_search, reason="ringzero.plan.search is not there yet")
 def test_search_that_finds_nothing_says_why(capsys):
     code, out, err = _main(["plan", "--model", "llama-2-70b", "--gpus", "2", "--search"], capsys)
     assert code == 0, err

@@ -15,40 +15,32 @@ algorithm "torch". All arguments are checked before any rank starts.
 from __future__ import annotations
 
 import json
-import re
 import sys
 
 import torch
 
 from .. import launch, outputs
 from ..errors import usage
-from ..comm import cost, registry, select
+from ..comm import cost, registry
 from ..comm.ops import SUPPORTED_DTYPES
 from ..plan.comm_volume import bus_factor
+from ..plan.units import parse_size
 from .comm_ranks import Job, element_count, rank_main
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))
 """1 KiB, 4 KiB, ..., 64 MiB."""
 
-_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024 ** 2, "mib": 1024 ** 2, "g": 1024 ** 3,
-          "gib": 1024 ** 3, "kb": 1000, "mb": 1000 ** 2, "gb": 1000 ** 3}
 _DTYPES = tuple(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 
 
-def parse_size(text: str) -> int:
-    """"64KiB" -> 65536; K/M/G and KiB/MiB/GiB are binary, KB/MB/GB decimal, a bare number is bytes."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"bad size {text!r}: expected a number of bytes with an optional unit, "
-                         f"e.g. 4096, 64KiB, 1MiB, 2GB")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value < 1:
-        raise ValueError(f"bad size {text!r}: must be at least 1 byte")
-    return value
-
-
 def parse_sizes(text: str) -> tuple[int, ...]:
-    return tuple(parse_size(t) for t in text.split(",") if t.strip()) or _empty("--sizes")
+    """'64KiB,2K,1GB' -> (65536, 2048, 10**9): the units of `plan.units`, each size at least 1 byte."""
+    texts = [t.strip() for t in text.split(",") if t.strip()] or _empty("--sizes")
+    sizes = tuple(parse_size(t, "--sizes") for t in texts)
+    for t, size in zip(texts, sizes):
+        if size < 1:
+            raise ValueError(f"bad size {t!r}: must be at least 1 byte")
+    return sizes
 
 
 def _empty(option: str):
@@ -84,13 +76,8 @@ def _cases(args) -> tuple[tuple[str, tuple[str, ...]], ...]:
                              f"valid: {', '.join(valid)}")
     cases = []
     for c in collectives:
-        if wanted:
-            algs = [a for a in wanted if a in registry.SPECIAL or a in registry.algorithms(c)]
-            missing = [a for a in algs if a not in registry.SPECIAL and a not in select.implemented(c)]
-            if missing:
-                raise ValueError(f"{c}: algorithm {missing[0]!r} is not implemented in this build")
-        else:
-            algs = list(select.implemented(c))
+        own = registry.algorithms(c)
+        algs = [a for a in wanted or own if a in registry.SPECIAL or a in own]
         if args.compare and "torch" not in algs:
             algs.append("torch")
         if algs:
@@ -139,7 +126,7 @@ def add_arguments(parser) -> None:
     a = parser.add_argument
     a("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
     a("--collective", action="append", help="collective(s), repeatable or comma list (default: all)")
-    a("--algorithm", action="append", help="algorithm(s) (default: every implemented one)")
+    a("--algorithm", action="append", help="algorithm(s) (default: every one)")
     a("--sizes", help="comma list of buffer sizes, e.g. 64KiB,1MiB (default 1KiB..64MiB by x4)")
     a("--dtype", default="float32", help=f"element type (default float32; {', '.join(_DTYPES)})")
     a("--iters", type=int, default=5, help="timed repetitions; the median is reported (default 5)")

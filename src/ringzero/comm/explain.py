@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import re
 import sys
 from dataclasses import dataclass
 
@@ -29,6 +28,7 @@ import numpy as np
 
 from ..errors import usage
 from ..plan.comm_volume import ROOTED, WHOLE_BUFFER, Volume, call_for, volume
+from ..plan.units import parse_size
 from . import registry, symbolic
 # as_dict and render are re-exported: they were defined in this module.
 from .explain_render import ITEMSIZE, as_dict, render  # noqa: F401
@@ -39,9 +39,6 @@ MAX_WORLD = 16
 """One letter per rank, and a table that still fits a terminal."""
 
 DEFAULT_BYTES = 1 << 20
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
 
 
 @dataclass(frozen=True)
@@ -129,13 +126,7 @@ def explain(collective: str, algorithm: str, world: int, root: int = 0,
     """Run `algorithm` for `collective` on `world` symbolic ranks and collect its steps."""
     collective = normalize(collective)
     _check(collective, algorithm, world, root, ranks_per_node)
-    module = registry.TABLE[collective][algorithm].split(":")[0]
-    try:
-        fn = registry.resolve(collective, algorithm)
-    except ModuleNotFoundError as exc:
-        if exc.name != f"ringzero.comm.algorithms.{module}":
-            raise
-        raise ValueError(f"{collective} {algorithm}: module {exc.name} is not available") from exc
+    fn = registry.resolve(collective, algorithm)
     setup = _setup(collective, world, root)
     inputs = [setup(r)[0][0] for r in range(world)]  # the first argument is the input buffer
     rpn = max(1, min(ranks_per_node or world, world))  # as CommConfig.node_size
@@ -184,14 +175,6 @@ def totals(collective: str, algorithm: str, world: int, nbytes: int, root: int =
     return count, [volume(call, r) for r in range(world)]
 
 
-def parse_bytes(text: str) -> int:
-    """'1MiB', '64k', '4096' -> bytes (binary units)."""
-    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"bad size {text!r}; use a number with an optional unit B, KiB, MiB or GiB")
-    return int(m.group(1)) * _UNITS[m.group(2).lower()]
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("collective", help="all-reduce, all-gather, reduce-scatter, broadcast, reduce, "
                         "gather, scatter or all-to-all ('-' or '_')")
@@ -202,7 +185,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks-per-node", type=int, default=None,
                         help="ranks per node for hierarchical (default: one node)")
     parser.add_argument("--bytes", default=str(DEFAULT_BYTES),
-                        help="message size for the planner's totals, e.g. 1MiB (default 1 MiB of float32)")
+                        help="message size for the planner's totals, e.g. 1MiB (2^20 B) or 1MB (10^6 B) "
+                        "(default 1 MiB of float32)")
     parser.add_argument("--json", action="store_true", help="print plain data instead of tables")
 
 
@@ -212,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         algorithm = args.algorithm or ("ring" if "ring" in registry.TABLE[collective]
                                        else registry.algorithms(collective)[0])
         _check(collective, algorithm, args.world, args.root, args.ranks_per_node)
-        nbytes = parse_bytes(args.bytes)
+        nbytes = parse_size(args.bytes, "--bytes")
         check_bytes(collective, args.world, nbytes, args.bytes)
     try:
         ex = explain(collective, algorithm, args.world, args.root, args.ranks_per_node)

@@ -1,16 +1,16 @@
 """algorithm="auto": the algorithm with the least predicted time under the α-β-γ model.
 
-For a call of `nbytes` on `n` ranks, every implemented algorithm of the collective is priced with
+For a call of `nbytes` on `n` ranks, every algorithm of the collective is priced with
 `plan.network.predict` (the slowest rank's rounds, messages, bytes and bytes reduced, from the
 exact traffic formulas) using the calibration of this machine (`comm.cost`, fitted by
 `ringzero bench comm --calibrate`), or `plan.network.DEFAULT` when there is none; the cheapest
-wins, ties going to the first in `registry.TABLE` order. This is how MPICH picks between its
+wins, ties going to the first in `plan.algorithms` order. This is how MPICH picks between its
 algorithms (Thakur, Rabenseifner & Gropp 2005), with measured instead of hand-set thresholds, and
 it reproduces the usual rule of thumb: ring for few ranks and large tensors, Rabenseifner or trees
 when messages are small and α dominates.
 
-Only algorithms whose module exists are considered, and `hierarchical` only when the group spans
-more than one node (ranks_per_node < n). The choice is a pure function of its arguments and the
+Every algorithm of the collective is a candidate, `hierarchical` only when the group spans more
+than one node (ranks_per_node < n). The choice is a pure function of its arguments and the
 calibration file, so every rank of a group picks the same algorithm as long as they read the same
 file (on a cluster: the same calibration on every node).
 
@@ -22,31 +22,18 @@ of reduce-scatter and scatter; one rank's whole input of all-to-all.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 
 from ..plan.chunks import chunk_sizes
-from ..plan.comm_volume import MODULES, Call, formula
+from ..plan.comm_volume import Call, formula
 from ..plan.network import DEFAULT, predict
 from . import cost, registry
 
 _cache: dict = {"key": None, "cal": None}
 
-
-def _module_exists(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
-
-
-@functools.lru_cache(maxsize=None)
-def implemented(collective: str) -> tuple[str, ...]:
-    """Algorithms of `collective` whose code and volume formula are both present."""
-    out = []
-    for alg, target in registry.TABLE[collective].items():
-        module = target.split(":")[0]
-        if (_module_exists(f"ringzero.comm.algorithms.{module}")
-                and _module_exists(f"ringzero.plan.volumes.{MODULES[(collective, alg)]}")):
-            out.append(alg)
-    return tuple(out)
+implemented = registry.algorithms
+"""Every algorithm in the table is written; the old name stays for the tests that still call it
+(test_cost, test_bench_cli)."""
 
 
 def candidates(collective: str, n: int, ranks_per_node: int | None) -> tuple[str, ...]:
@@ -54,11 +41,7 @@ def candidates(collective: str, n: int, ranks_per_node: int | None) -> tuple[str
     if collective not in registry.TABLE:
         registry.check_name(collective, "auto")  # raises, naming the valid collectives
     k = ranks_per_node or n
-    names = tuple(a for a in implemented(collective) if a != "hierarchical" or k < n)
-    if not names:
-        raise ValueError(f"no algorithm of {collective} is installed (looked for "
-                         f"{', '.join(registry.algorithms(collective))})")
-    return names
+    return tuple(a for a in registry.algorithms(collective) if a != "hierarchical" or k < n)
 
 
 def calibration():

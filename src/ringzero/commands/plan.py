@@ -23,6 +23,8 @@ from ..plan.config import Parallel, Training
 from ..plan.estimate import estimate, to_dict
 from ..plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
 from ..plan.presets import MODELS, TRAINED_TOKENS, model
+from ..plan.recommend import recommend
+from ..plan.search import search
 from ..plan.shapes import NORMS, POSITIONS, ModelShape
 from ..plan.units import NEGATIVE_VALUE, parse_bytes, parse_count  # noqa: F401  (parse_* are this module's API)
 
@@ -173,16 +175,8 @@ def check_output(args) -> None:
         check_path(args.plot)
 
 
-def search_available() -> None:
-    try:
-        import ringzero.plan.search  # noqa: F401
-    except ImportError as exc:
-        raise ValueError(f"--search is not available in this build ({exc})") from None
-
-
 def run_search(args, e):
     """`ringzero.plan.search` over the plan's model, training, hardware and GPU count."""
-    from ..plan.search import search
     return search(e.model, e.training, e.hardware, e.parallel.gpus, top=args.top)
 
 
@@ -202,11 +196,7 @@ def tokens_source(args, tr: Training) -> str:
 
 
 def run_recommend(e):
-    """The decision flow of `ringzero.plan.recommend`, or None where it is not available."""
-    try:
-        from ..plan.recommend import recommend
-    except ImportError:
-        return None
+    """The decision flow of `ringzero.plan.recommend`, or the reason it has none."""
     try:
         # The plan's own memory settings, so that its "fits" agrees with the memory table.
         return recommend(e.model, e.training, e.hardware, e.parallel.gpus,
@@ -251,8 +241,6 @@ def run(args) -> int:
     with usage():
         check_output(args)
         m, tr, par, hw = build_inputs(args)
-        if args.search:
-            search_available()
     e = estimate(m, tr, par, hw, days=args.days)
     found = run_search(args, e) if args.search else None
     if args.plot is not None:

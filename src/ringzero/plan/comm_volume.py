@@ -2,8 +2,8 @@
 
 `volume(call, rank)` returns what rank `rank` sends, receives and reduces, in how many messages and
 rounds, when the collective `call.collective` runs with `call.algorithm`. The formulas live in
-`ringzero.plan.volumes.<algorithm file>` next to nothing else, mirror the files in
-`ringzero.comm.algorithms`, and are checked against the meter byte for byte in the tests.
+`ringzero.plan.volumes.<module>` next to nothing else, mirror the files in `ringzero.comm.algorithms`
+(both named by `plan.algorithms`), and are checked against the meter byte for byte in the tests.
 
 Conventions (the same as `ringzero.comm`): a buffer is cut into `n` chunks whose element counts are
 `call.sizes` (`chunks.chunk_sizes(count, n)` for all-reduce, reduce and broadcast; one chunk per rank
@@ -17,24 +17,12 @@ import importlib
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from .algorithms import ALGORITHMS
 from .chunks import SEGMENT_BYTES, Chunks, Listed, as_chunks, chunk_sizes, n_segments
 
-# (collective, algorithm) -> module under ringzero.plan.volumes (the function is named after the collective)
-MODULES: dict[tuple[str, str], str] = {
-    ("all_reduce", "naive"): "naive", ("all_reduce", "ring"): "ring", ("all_reduce", "tree"): "tree",
-    ("all_reduce", "butterfly"): "butterfly", ("all_reduce", "rabenseifner"): "rabenseifner",
-    ("all_reduce", "hierarchical"): "hierarchical",
-    ("all_gather", "ring"): "ring", ("all_gather", "recursive_doubling"): "butterfly",
-    ("all_gather", "naive"): "naive",
-    ("reduce_scatter", "ring"): "ring", ("reduce_scatter", "recursive_halving"): "rabenseifner",
-    ("reduce_scatter", "naive"): "naive",
-    ("broadcast", "naive"): "naive", ("broadcast", "tree"): "tree",
-    ("broadcast", "scatter_allgather"): "scatter_allgather",
-    ("reduce", "naive"): "naive", ("reduce", "tree"): "tree",
-    ("gather", "naive"): "naive", ("gather", "tree"): "tree",
-    ("scatter", "naive"): "naive", ("scatter", "tree"): "tree",
-    ("all_to_all", "pairwise"): "pairwise", ("all_to_all", "naive"): "naive",
-}
+MODULES: dict[tuple[str, str], str] = {(c, a): m for c, algs in ALGORITHMS.items() for a, m in algs.items()}
+"""(collective, algorithm) -> module under ringzero.plan.volumes (its function is named after the
+collective), from the one table of `plan.algorithms`."""
 
 BACKEND_TWIN: dict[str, str] = {"all_reduce": "ring", "all_gather": "ring", "reduce_scatter": "ring"}
 """Algorithm "torch" (the backend's own collective) is priced as this algorithm's traffic. Gloo's

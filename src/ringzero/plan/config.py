@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .algorithms import AUTO, names
+
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "sgd-momentum")
 OFFLOADS = ("none", "cpu", "nvme")
 SCHEDULES = ("gpipe", "1f1b")
 RECOMPUTES = ("none", "selective", "full")
-DP_ALGORITHMS = ("auto", "ring", "naive", "tree", "butterfly", "rabenseifner", "hierarchical")
+DP_ALGORITHMS = (AUTO,) + names("all_reduce")
 
 
 def _choice(what: str, value: str, allowed: tuple[str, ...]) -> None:

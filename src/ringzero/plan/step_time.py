@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from . import flops
+from .algorithms import names
 from .comm_volume import Volume
 from .config import Parallel, Training
 from .hardware import Hardware
@@ -35,7 +36,8 @@ from .shapes import ModelShape, param_count
 from .strategy_comm import (CommOp, data_parallel_ops, hierarchical_parts, pipeline_ops,
                             tensor_parallel_ops)
 
-ALL_REDUCE_CHOICES = ("ring", "tree", "butterfly", "rabenseifner", "hierarchical", "naive")
+ALL_REDUCE_CHOICES = names("all_reduce")
+"""What `dp_algorithm="auto"` weighs, in `plan.algorithms` order (the first listed wins a tie)."""
 CPU_ADAM_PARAMS_PER_S = 1e9
 """Parameters per second the host updates for one GPU's shard: an assumption of the order of
 DeepSpeed's vectorised CPU-Adam on a many-core host (ZeRO-Offload, Ren et al. 2021, §5);

@@ -1,0 +1,39 @@
+"""`plan.units`: the one size parser of every command (plan, bench comm, explain)."""
+
+import pytest
+
+from ringzero.plan.units import parse_bytes, parse_size
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("4096", 4096), ("1KB", 10**3), ("1MB", 10**6), ("2GB", 2 * 10**9), ("1TB", 10**12),
+    ("1KiB", 2**10), ("1MiB", 2**20), ("1GiB", 2**30), ("1TiB", 2**40),
+    ("2K", 2048), ("1.5M", 3 << 19), ("1G", 2**30), ("1T", 2**40),   # bare letters: binary, as nccl-tests
+    ("64kib", 65536), (" 8 B ", 8), ("1e3", 1000), ("4.1KB", 4100),
+])
+def test_every_command_reads_a_size_the_same_way(text, expect):
+    assert parse_size(text, "--sizes") == expect
+    assert parse_bytes(text, "--hbm") == pytest.approx(expect)
+
+
+def test_zero_is_a_size_but_not_a_positive_quantity():
+    assert parse_size("0", "--bytes") == 0 and parse_bytes("0", "--bytes", zero=True) == 0
+    with pytest.raises(ValueError, match=r"^--hbm must be > 0, got '0'$"):
+        parse_bytes("0", "--hbm")
+    with pytest.raises(ValueError, match=r"^--bytes must be >= 0, got '-1'$"):
+        parse_bytes("-1", "--bytes", zero=True)
+
+
+@pytest.mark.parametrize("bad", ["12XB", "-1", "one", "", "1e999", "1Gbit", "64 KiB/s"])
+def test_a_bad_size_is_one_line_naming_the_units(bad):
+    with pytest.raises(ValueError) as err:
+        parse_size(bad, "--sizes")
+    message = str(err.value)
+    assert message.startswith(f"bad size {bad!r} for --sizes") and "KiB" in message and "\n" not in message
+
+
+def test_bandwidths_take_bits_and_per_second():
+    assert parse_bytes("2G/s", "--intra-bw", per_second=True) == 2 * 2**30
+    assert parse_bytes("8Gbit/s", "--inter-bw", per_second=True) == 1e9
+    with pytest.raises(ValueError, match="unknown unit 'gbit'"):
+        parse_bytes("8Gbit", "--hbm")
