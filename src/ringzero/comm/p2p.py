@@ -18,6 +18,7 @@ both know the chunk sizes.
 
 from __future__ import annotations
 
+import threading
 from typing import Sequence
 
 import torch
@@ -27,7 +28,9 @@ from .meter import active_entries
 from .ops import Op, reducer
 
 
-_ARENA: dict = {}
+_ARENAS = threading.local()
+"""Each thread's scratch arenas, by (dtype, device): tensor parallelism runs collectives on the
+compute thread while the data-parallel ones run on the communication thread, each with its own."""
 ARENA_MAX_BYTES = 64 << 20
 """Scratch requests above this are plain allocations, so the arena never pins more than ~2x it."""
 
@@ -83,16 +86,17 @@ class TorchComm:
 
         A fresh multi-MiB tensor costs a page fault per 4 KiB on first touch (a 64 MiB clone took
         ~100 ms here, more than the all-reduce itself), so collectives reuse one arena; it grows
-        to the largest scratch any call needed. One collective runs at a time per process.
+        to the largest scratch any call needed. One collective runs at a time per thread.
         """
         if n * self.itemsize > ARENA_MAX_BYTES:
             return torch.empty(n, dtype=self.dtype, device=self.device)
         start, self._arena_used = self._arena_used, self._arena_used + n
         key = (self.dtype, self.device)
-        arena = _ARENA.get(key)
+        arenas = _ARENAS.__dict__
+        arena = arenas.get(key)
         if arena is None or arena.numel() < self._arena_used:
             # Grow (the old arena's slices handed out earlier in this call stay valid: they keep it alive).
-            arena = _ARENA[key] = torch.empty(max(self._arena_used, 2 * (arena.numel() if arena is not None else 0)),
+            arena = arenas[key] = torch.empty(max(self._arena_used, 2 * (arena.numel() if arena is not None else 0)),
                                               dtype=self.dtype, device=self.device)
             start, self._arena_used = 0, n
         return arena[start:start + n]

@@ -1,6 +1,7 @@
 """`ringzero train`: train ringzero's GPT on `--nproc` ranks and print the plan beside the run.
 
     ringzero train --nproc 4 --strategy zero2 --precision bf16 --recompute selective --steps 200
+    ringzero train --nproc 4 --tp 2 --strategy zero1 --sequence-parallel
     ringzero train --nproc 2 --config ds.json --json-report out/report.json
     torchrun --nproc-per-node 2 -m ringzero.cli train --strategy zero1 --steps 50
 
@@ -27,7 +28,7 @@ from ..watchdog import WatchdogPolicy
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
          "micro_batch", "grad_accum", "lr", "warmup", "weight_decay", "clip", "bucket_mb",
-         "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every")
+         "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,8 +59,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help=f"{doc + '; ' if doc else ''}default: {f.default!r}")
 
 
+    p.add_argument("--sequence-parallel", action="store_true", default=None,
+                   help="split LayerNorm and dropout along the sequence over the tp ranks (needs --tp > 1)")
+
+
 def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
-    given = {k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}
+    given = {k: getattr(args, k) for k in FLAGS + ("sequence_parallel",) if getattr(args, k, None) is not None}
     if args.config:
         return from_deepspeed(args.config, world, **given)
     return TrainConfig(**given)
@@ -98,6 +103,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     watch = WatchdogPolicy(floor_s=args.stall_timeout)
     comm_config.CommConfig()                      # reads RINGZERO_CHECKS / TORCH_DISTRIBUTED_DEBUG
     cfg = config_from(args, world)
+    cfg.placement(world)                           # tp and dp against the world
     if cfg.strategy == "single" and world != 1:
         raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
                          f"{', '.join(s for s in STRATEGIES if s != 'single')}")

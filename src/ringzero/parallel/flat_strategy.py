@@ -148,7 +148,7 @@ class FlatStrategy:
         return full
 
     def full_params(self) -> dict[str, torch.Tensor]:
-        """Every parameter's full value (gathered when sharded), by name, flat."""
+        """Every parameter's value on this rank (gathered over dp when sharded), by name."""
         names = {id(p): n for n, p in self.model.named_parameters()}
         out = {}
         for g in self.groups:
@@ -157,7 +157,7 @@ class FlatStrategy:
                 flat = self.queue.submit(self._gather, g).result()
                 g.landing = None
             for p, v in zip(g.params, g.bucket.views(flat)):
-                out[names[id(p)]] = v.detach().reshape(-1)
+                out[names[id(p)]] = v.detach()
         return out
 
     # -- accounting -----------------------------------------------------------------------------

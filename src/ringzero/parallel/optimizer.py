@@ -46,11 +46,14 @@ class AdamConfig:
 
 class ShardedAdam:
     """Adam over `weights` (this rank's flat shards); `sum_over_owners(t)` sums a tensor in place over
-    the ranks owning the other shards (None: this rank owns every weight)."""
+    the ranks owning the other shards (None: this rank owns every weight); `counted`: the ranges of
+    each gradient this rank adds to the global norm (None: all; tensor parallelism counts a
+    replicated parameter on one tp rank only)."""
 
     def __init__(self, weights: list[torch.Tensor], config: AdamConfig,
-                 sum_over_owners: Callable[[torch.Tensor], None] | None = None) -> None:
-        self.config, self.sum_over_owners = config, sum_over_owners
+                 sum_over_owners: Callable[[torch.Tensor], None] | None = None,
+                 counted: list[list[slice]] | None = None) -> None:
+        self.config, self.sum_over_owners, self.counted = config, sum_over_owners, counted
         self.shards = weights
         self.mixed = self.shards[0].dtype != torch.float32
         self.master = [s.detach().float().clone() if self.mixed else s for s in self.shards]
@@ -61,7 +64,8 @@ class ShardedAdam:
     def _global_sq_norm(self, grads: list[torch.Tensor]) -> tuple[float, float]:
         """(Σ g² over every rank's shard, seconds in its all-reduce): one all-reduce of one number
         when the shards differ."""
-        local = sum(float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2 for g in grads)
+        parts = grads if self.counted is None else [g[s] for g, ss in zip(grads, self.counted) for s in ss]
+        local = sum(float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2 for g in parts)
         sq = torch.tensor([local], dtype=torch.float32)
         if self.sum_over_owners is None:
             return float(sq), 0.0

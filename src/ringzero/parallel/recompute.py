@@ -66,31 +66,34 @@ class SavedBytes:
 class Checkpointed(nn.Module):
     """Runs `inner` under non-reentrant checkpoint; its inputs are what it keeps."""
 
-    def __init__(self, inner: nn.Module) -> None:
+    def __init__(self, inner: nn.Module, context_fn=None) -> None:
         super().__init__()
-        self.inner = inner
+        self.inner, self.context_fn = inner, context_fn
 
     def forward(self, *args):
         if torch.is_grad_enabled():
             for meter in _METERS:
                 for a in args:
                     meter.note(a)
-        return checkpoint(self.inner, *args, use_reentrant=False)
+        if self.context_fn is None:
+            return checkpoint(self.inner, *args, use_reentrant=False)
+        return checkpoint(self.inner, *args, use_reentrant=False, context_fn=self.context_fn)
 
 
-def _wrap(parent: nn.Module, select) -> int:
+def _wrap(parent: nn.Module, select, context_fn=None) -> int:
     wrapped = 0
     for name, child in list(parent.named_children()):
         if select(child):
-            setattr(parent, name, Checkpointed(child))
+            setattr(parent, name, Checkpointed(child, context_fn))
             wrapped += 1
         else:
-            wrapped += _wrap(child, select)
+            wrapped += _wrap(child, select, context_fn)
     return wrapped
 
 
-def apply_recompute(model: nn.Module, mode: str, targets: tuple[type, ...] = ()) -> nn.Module:
-    """Wrap `model`'s layers ("full") or its `targets` modules ("selective") in checkpoints, in place."""
+def apply_recompute(model: nn.Module, mode: str, targets: tuple[type, ...] = (), context_fn=None) -> nn.Module:
+    """Wrap `model`'s layers ("full") or its `targets` modules ("selective") in checkpoints, in place;
+    `context_fn` as `torch.utils.checkpoint`'s (tensor parallelism's dropout RNG replays with it)."""
     if mode not in MODES:
         raise ValueError(f"recompute={mode!r}; allowed: {', '.join(MODES)}")
     if mode == "none":
@@ -98,9 +101,9 @@ def apply_recompute(model: nn.Module, mode: str, targets: tuple[type, ...] = ())
     if mode == "full":
         for lst in [m for m in model.modules() if isinstance(m, nn.ModuleList)]:
             for i, layer in enumerate(lst):
-                lst[i] = Checkpointed(layer)
+                lst[i] = Checkpointed(layer, context_fn)
         return model
-    if not targets or not _wrap(model, lambda m: isinstance(m, targets)):
+    if not targets or not _wrap(model, lambda m: isinstance(m, targets), context_fn):
         raise ValueError("selective recomputation needs the attention-core module type(s) to wrap; "
                          f"none of {[t.__name__ for t in targets]} is in the model")
     return model

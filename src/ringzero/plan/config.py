@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .algorithms import AUTO, names
+from .placement import Placement
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "sgd-momentum")
@@ -119,3 +120,7 @@ class Parallel:
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp
+
+    def placement(self, ranks_per_node: int | None = None) -> Placement:
+        """Where each rank of this grid sits (Megatron's order: tp, then dp, then pp)."""
+        return Placement(dp=self.dp, tp=self.tp, pp=self.pp, ranks_per_node=ranks_per_node)

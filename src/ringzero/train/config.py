@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..comm import registry
 from ..plan.config import PRECISIONS, RECOMPUTES
+from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
@@ -90,6 +91,12 @@ class TrainConfig:
     max_bytes: int = 4 * 2**20
     log_every: int | None = None
     """Print a plain log line every N steps; None: every 10 % of the run when stdout is not a terminal."""
+    tp: int = 1
+    """Tensor-parallel ranks (Megatron-LM's column/row split; must divide the heads and the MLP width)."""
+    dp: int | None = None
+    """Data-parallel ranks (None: the ranks / tp)."""
+    sequence_parallel: bool = False
+    """Split LayerNorm and dropout along the sequence over the tp ranks (Korthikanti et al. 2022)."""
 
     def __post_init__(self) -> None:
         allowed = choices()
@@ -109,14 +116,48 @@ class TrainConfig:
         _check(self, "dropout", lambda v: 0 <= v < 1, "must be in [0, 1)")
         _check(self, "betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "must be two numbers in [0, 1)")
         check_shape(self.shape)
+        self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        _check(self, "tp", lambda v: v >= 1, "must be >= 1", integer=True)
+        _check(self, "dp", lambda v: v >= 1, "must be >= 1", integer=True, optional=True)
+        if not isinstance(self.sequence_parallel, bool):
+            raise FieldError("sequence_parallel", f"sequence_parallel must be true or false, got "
+                                                  f"{self.sequence_parallel!r}")
+        m, t = self.shape, self.tp
+        for what, n in (("heads", m.heads), ("kv heads", m.kv), ("MLP width", m.ffn_dim)):
+            if n % t:
+                raise FieldError("tp", f"tp={t} does not divide the {what} ({n}) of model {self.model!r}; "
+                                       f"tp must divide {m.heads} heads and the MLP width {m.ffn_dim}")
+        if self.sequence_parallel and t == 1:
+            raise FieldError("sequence_parallel", "sequence parallelism needs tp > 1 (it splits the "
+                                                  "tensor-parallel ranks' sequence)")
+        if self.sequence_parallel and m.seq % t:
+            raise FieldError("sequence_parallel", f"sequence parallelism needs the sequence ({m.seq}) to be a "
+                                                  f"multiple of tp={t}")
+        if self.strategy == "single" and t > 1:
+            raise FieldError("strategy", "strategy 'single' runs on one rank; with tp > 1 use dp or zero1-3")
+
+    def placement(self, world: int) -> Placement:
+        """The dp x tp grid of this run on `world` ranks, or a one-line FieldError."""
+        if self.tp > world:
+            raise FieldError("tp", f"tp={self.tp} is larger than the {world} ranks")
+        if self.dp is None and world % self.tp:
+            raise FieldError("tp", f"tp={self.tp} does not divide the {world} ranks")
+        dp = self.dp if self.dp is not None else world // self.tp
+        if dp * self.tp != world:
+            raise FieldError("dp" if self.dp is not None else "tp",
+                             f"dp x tp = {dp} x {self.tp} = {dp * self.tp} must equal the {world} ranks")
+        return Placement(dp=dp, tp=self.tp)
 
     @property
     def shape(self) -> ModelShape:
         m = preset(self.model)
         return dataclasses.replace(m, seq=self.seq) if self.seq is not None else m
 
-    def global_batch(self, dp: int) -> int:
-        return self.micro_batch * self.grad_accum * dp
+    def global_batch(self, world: int) -> int:
+        """Sequences per optimizer step on `world` ranks (the tp ranks of a dp rank share its batch)."""
+        return self.micro_batch * self.grad_accum * (world // self.tp)
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up then cosine decay to lr/10 (GPT-3's schedule, Brown et al. 2020 §B)."""
@@ -173,9 +214,11 @@ def _section(d: dict, key: str, allowed: set[str], name: str | None = None) -> d
 
 # DeepSpeed key -> what it sets (ringzero accepts these and rejects the rest by name).
 DEEPSPEED_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-                  "zero_optimization", "fp16", "bf16", "optimizer", "train_batch_size", "steps_per_print")
+                  "zero_optimization", "fp16", "bf16", "optimizer", "train_batch_size", "steps_per_print",
+                  "tensor_parallel")
 SOURCE = {"micro_batch": "train_micro_batch_size_per_gpu", "grad_accum": "gradient_accumulation_steps",
           "clip": "gradient_clipping", "log_every": "steps_per_print", "strategy": "zero_optimization.stage",
+          "tp": "tensor_parallel.autotp_size",
           "precision": "fp16/bf16.enabled", **{k: f"optimizer.params.{k}" for k in ("lr", "betas", "eps",
                                                                                        "weight_decay")}}
 """TrainConfig field -> the DeepSpeed key it is read from (named in a validation error)."""
@@ -225,6 +268,9 @@ def _settings(ds: dict) -> dict:
         if stage not in (0, 1, 2, 3):
             raise ValueError(f"zero_optimization.stage={stage}; allowed: 0, 1, 2, 3")
         kw["strategy"] = "dp" if stage == 0 else f"zero{stage}"
+    tp = _section(ds, "tensor_parallel", {"autotp_size"})
+    if "autotp_size" in tp:
+        kw["tp"] = _number(tp["autotp_size"], int, "tensor_parallel.autotp_size")
     enabled = [name for name in ("fp16", "bf16")
                if _flag(_section(ds, name, {"enabled"}), "enabled", f"{name}.enabled")]
     if len(enabled) == 2:

@@ -25,6 +25,8 @@ from ..parallel.precision import LossScaler, NoScaler, dtype
 from ..parallel.recompute import apply_recompute
 from ..parallel.stages import DP, ShardingConfig, stage
 from ..parallel.strategies import apply_sharding
+from ..parallel.tensor_parallel import apply_tensor_parallel, unshard
+from ..parallel.tp_grads import TensorParallelGrads
 from ..parallel.topology import Topology
 from .config import TrainConfig
 from .data import ByteData, load_bytes
@@ -69,14 +71,18 @@ class Trainer:
         self.cfg, self.topo = cfg, topology
         torch.manual_seed(cfg.seed)
         self.model = GPT(cfg.shape, attention=cfg.attention, dropout=cfg.dropout).to(dtype(cfg.precision))
-        apply_recompute(self.model, cfg.recompute, (AttentionCore,))
+        self.tp = apply_tensor_parallel(self.model, topology, sequence_parallel=cfg.sequence_parallel,
+                                        algorithm=tp_algorithm(cfg), seed=cfg.seed)
+        apply_recompute(self.model, cfg.recompute, (AttentionCore,), self.tp.rng.checkpoint_context
+                        if topology.tp > 1 else None)
         self.queue = CommQueue()
         self.strategy = apply_sharding(self.model, topology, ShardingConfig(
             stage=DP if cfg.strategy == "single" else stage(cfg.strategy), bucket_mb=cfg.bucket_mb,
             algorithm=cfg.comm_algorithm), self.queue)
+        self.tp_grads = TensorParallelGrads(self.strategy, topology, tp_algorithm(cfg))
         self.opt = ShardedAdam(self.strategy.owned_weights(), AdamConfig(
             lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip),
-            self.strategy.sum_over_owners())
+            self.tp_grads.sum_over_owners(), self.tp_grads.counted if topology.tp > 1 else None)
         self.scaler = LossScaler() if cfg.precision == "fp16" else NoScaler()
         self.schedule = GradAccumulation()
         self.measure_step = min(MEASURE_STEP, cfg.steps - 1)
@@ -84,7 +90,7 @@ class Trainer:
 
     def _micro_batches(self, step: int) -> list:
         c, t = self.cfg, self.topo
-        x, y = self.data.batch("train", step, c.global_batch(t.dp), t.dp_rank, t.dp)
+        x, y = self.data.batch("train", step, c.global_batch(t.world), t.dp_rank, t.dp)
         return list(zip(x.chunk(c.grad_accum), y.chunk(c.grad_accum)))
 
     def step(self, step: int, res: RankResult) -> tuple[dict[str, float], float]:
@@ -96,8 +102,11 @@ class Trainer:
             res.activations = hooks.saved_bytes
         if step == self.measure_step:
             res.held = {**st.held_bytes(), "optimizer": self.opt.state_bytes()}
+        grads = st.reduced_grads()
+        with hooks.phase("comm"):
+            self.tp_grads.sync(grads)
         with hooks.phase("optimizer"):
-            out = self.opt.step(st.reduced_grads(), divisor=self.topo.dp * c.grad_accum,
+            out = self.opt.step(grads, divisor=self.topo.dp * c.grad_accum,
                                 loss_scale=self.scaler.scale, lr=c.lr_at(step))
         with hooks.phase("comm"):
             st.after_step()
@@ -171,14 +180,33 @@ class Trainer:
         self.queue.close()
 
     def full_params(self) -> dict[str, list[float]]:
-        """Every parameter's full value (gathered when sharded), by name, as float lists."""
-        return {k: v.float().tolist() for k, v in self.strategy.full_params().items()}
+        """Every parameter's full value (gathered over dp when sharded, over tp when split), by name,
+        as flat float lists."""
+        params = dict(self.model.named_parameters())
+        return {k: unshard(v, params[k], self.topo, tp_algorithm(self.cfg)).float().reshape(-1).tolist()
+                for k, v in self.strategy.full_params().items()}
+
+
+def tp_algorithm(cfg: TrainConfig) -> str:
+    """The algorithm of the tensor-parallel collectives: the run's, unless sequence parallelism needs
+    an all-gather and reduce-scatter that it does not implement (then the ring)."""
+    from ..comm import registry
+    algo = cfg.comm_algorithm
+    if not cfg.sequence_parallel or algo in ("auto", "torch"):
+        return algo
+    ok = all(algo in registry.algorithms(c) for c in ("all_reduce", "all_gather", "reduce_scatter"))
+    return algo if ok else "ring"
 
 
 def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,
                calibrate: bool = True) -> RankResult:
     """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
-    topo = Topology.data_parallel(group) if dist.is_initialized() else Topology.alone()
+    if not dist.is_initialized():
+        topo = Topology.alone()
+    elif cfg.tp == 1:
+        topo = Topology.data_parallel(group)
+    else:
+        topo = Topology.build(cfg.placement(dist.get_world_size(group)), group)
     if cfg.strategy == "single" and topo.world != 1:
         raise ValueError(f"strategy 'single' runs on one rank, not {topo.world}")
     return Trainer(cfg, topo).run(progress, keep_params, calibrate)

@@ -16,7 +16,7 @@ ranks under ZeRO) as one collective, so the exact bytes are Σ over buckets of
 from __future__ import annotations
 
 from ..plan import activations as act
-from ..plan import sharding
+from ..plan import sharding, tensor_parallel
 from ..plan.comm_volume import call_for, formula, volume
 from ..plan.config import Parallel, Training
 from ..plan.memory import model_states, state_bytes
@@ -37,28 +37,30 @@ def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
 
 
 def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Parallel]:
+    pl = cfg.placement(world)
     tr = Training(micro_batch=cfg.micro_batch, global_batch=cfg.global_batch(world),
                   precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
-    par = Parallel(dp=world, zero=strategy(cfg).zero, recompute=cfg.recompute,
-                   flash_attention=fused_attention(cfg), bucket_mb=cfg.bucket_mb)
+    par = Parallel(dp=pl.dp, tp=pl.tp, sequence_parallel=cfg.sequence_parallel, zero=strategy(cfg).zero,
+                   recompute=cfg.recompute, flash_attention=fused_attention(cfg), bucket_mb=cfg.bucket_mb)
     return cfg.shape, tr, par
 
 
 def activations(cfg: TrainConfig, cuda: bool = False) -> float:
     """Bytes saved for backward by one micro-batch's forward (all layers plus embedding and head)."""
-    m, tr, par = plan_inputs(cfg, 1)
+    m, tr, par = plan_inputs(cfg, cfg.tp)
     p = tr.bytes_per_value
     mask = 1 if cuda else p
     per_layer = act.layer_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, dropout=tr.dropout,
-                                flash=fused_attention(cfg, cuda), recompute=cfg.recompute, mask_bytes=mask)
-    return m.layers * per_layer + act.head_bytes(m, cfg.micro_batch, m.seq, value_bytes=p,
+                                flash=fused_attention(cfg, cuda), recompute=cfg.recompute, mask_bytes=mask,
+                                tp=par.tp, sp=par.sequence_parallel)
+    return m.layers * per_layer + act.head_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, tp=par.tp,
                                                  dropout=tr.dropout, mask_bytes=mask)
 
 
 def states(cfg: TrainConfig, world: int) -> dict[str, float]:
     """Model-state bytes per rank from the ZeRO formulas (Rajbhandari et al. 2020)."""
     m, tr, par = plan_inputs(cfg, world)
-    p, g, o, _ = model_states(param_count(m).total, state_bytes(tr.precision, tr.optimizer),
+    p, g, o, _ = model_states(tensor_parallel.local_params(m, par.tp), state_bytes(tr.precision, tr.optimizer),
                               dp=par.dp, zero=par.zero)
     return {"params": p, "grads": g, "optimizer": o}
 
@@ -74,23 +76,47 @@ def _algorithm(cfg: TrainConfig, collective: str, n: int, nbytes: int) -> str:
 
 
 def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, int, int]]:
-    """The collectives of one step: (collective, elements, itemsize, times) for `buckets` of
-    (elements, is the ZeRO-3 root), from the strategy's schedule (`plan.sharding`)."""
-    return strategy(cfg).calls(buckets, world, 4 if cfg.precision == "fp32" else 2, cfg.grad_accum)
+    """The data-parallel collectives of one step on `world` ranks: (collective, elements, itemsize,
+    times) for `buckets` of (elements, is the ZeRO-3 root), from the strategy's schedule
+    (`plan.sharding`), on the dp group."""
+    return strategy(cfg).calls(buckets, cfg.placement(world).dp, _itemsize(cfg), cfg.grad_accum)
+
+
+def _itemsize(cfg: TrainConfig) -> int:
+    return 4 if cfg.precision == "fp32" else 2
+
+
+def tp_calls(cfg: TrainConfig, world: int) -> list[tuple[str, int, int, int]]:
+    """The tensor-parallel collectives of one step on the tp group (`plan.tensor_parallel`), the
+    sequence-parallel gradient sum of a rank that owns every gradient, and the norm's sum over tp."""
+    t = cfg.tp
+    if t == 1:
+        return []
+    m, size = cfg.shape, _itemsize(cfg)
+    out = [(c, n, 4 if "fp32" in what else size, k * cfg.grad_accum)
+           for what, c, n, k in tensor_parallel.collectives(m, cfg.micro_batch, t, sequence_parallel=cfg.sequence_parallel,
+                                                            recompute=cfg.recompute)]
+    if cfg.sequence_parallel:       # a dp shard holds about 1/dp of them (exactly: its range of each bucket)
+        share = cfg.placement(world).dp if strategy(cfg).shard_optimizer else 1
+        out.append(("all_reduce", tensor_parallel.partial_grad_params(m) // share, size, 1))
+    return out + [("all_reduce", 1, 4, 1)]
 
 
 def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0) -> dict[str, int]:
     """Bytes `rank` sends and receives in one step ("auto" resolved exactly as `ringzero.comm` does;
     "torch", the backend's own collective, as its ring twin `plan.comm_volume.BACKEND_TWIN`, which
-    the traffic meter cannot see)."""
+    the traffic meter cannot see): the dp group's collectives and the tp group's."""
     from ..comm.config import get_config
-    rpn = get_config().node_size(world)
+    pl = cfg.placement(world)
+    at = pl.coords(rank)
     sent = recv = 0
-    for collective, count, size, times in calls(cfg, world, buckets):
-        algo = formula(collective, _algorithm(cfg, collective, world, count * size))
-        v = volume(call_for(collective, algo, world, count, size, ranks_per_node=rpn), rank)
-        sent += times * v.bytes_sent
-        recv += times * v.bytes_recv
+    for n, r, group_calls in ((pl.dp, at["dp"], calls(cfg, world, buckets)), (pl.tp, at["tp"], tp_calls(cfg, world))):
+        rpn = get_config().node_size(n)
+        for collective, count, size, times in group_calls:
+            algo = formula(collective, _algorithm(cfg, collective, n, count * size))
+            v = volume(call_for(collective, algo, n, count, size, ranks_per_node=rpn), r)
+            sent += times * v.bytes_sent
+            recv += times * v.bytes_recv
     return {"bytes_sent": sent, "bytes_recv": recv}
 
 
@@ -98,13 +124,15 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) 
     """Seconds of the step's collectives under this machine's calibrated α-β-γ model."""
     from ..comm import select
     from ..comm.config import get_config
-    rpn = get_config().node_size(world)
-    return sum(times * select.seconds(collective, _algorithm(cfg, collective, world, count * size), world,
-                                      count * size, rpn)
-               for collective, count, size, times in calls(cfg, world, buckets))
+    pl = cfg.placement(world)
+    return sum(times * select.seconds(collective, _algorithm(cfg, collective, n, count * size), n,
+                                      count * size, get_config().node_size(n))
+               for n, group_calls in ((pl.dp, calls(cfg, world, buckets)), (pl.tp, tp_calls(cfg, world)))
+               for collective, count, size, times in group_calls)
 
 
 def optimizer_shard(cfg: TrainConfig, world: int) -> float:
     """Parameters in this rank's optimizer shard (the fused AdamW kernel runs over them once)."""
-    return param_count(cfg.shape).total / (world if strategy(cfg).zero else 1)
+    dp = cfg.placement(world).dp
+    return tensor_parallel.local_params(cfg.shape, cfg.tp) / (dp if strategy(cfg).zero else 1)
 

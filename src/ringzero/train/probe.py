@@ -140,13 +140,13 @@ class Prober:
         self.warm = False
 
     def _calls(self) -> dict[str, object]:
-        st, world = self.strategy, self.strategy.topology.dp
+        st, world = self.strategy, self.strategy.topology.world
         out = {}
         for collective, elements, itemsize, _ in predict.calls(self.cfg, world, st.layout()):
             key = call_key(collective, elements, itemsize)
             dt = torch.float32 if itemsize == 4 else self.dtype
             if key not in out:
-                out[key] = _collective(collective, elements, dt, world, st.group,
+                out[key] = _collective(collective, elements, dt, st.topology.dp, st.group,
                                        st.config.algorithm_for(collective))
         return out
 

@@ -1,0 +1,79 @@
+"""Tensor-parallel gradients in a data-parallel strategy's flat buckets: the sequence-parallel sum
+and the global norm (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2).
+
+Every tp rank holds a model of the same parameter shapes in the same order, so the strategy lays
+them out in identical buckets and a dp rank owns the same range of each on every tp rank. Two facts
+follow, used here instead of touching each parameter's .grad:
+
+- with sequence parallelism, a LayerNorm or row-parallel bias gradient is a partial sum per tp rank;
+  summing the owned ranges of those parameters over the tp group after the dp reduction gives the
+  same result as summing before it (sums commute), with one all-reduce per step of only what this
+  rank owns (Megatron all-reduces them once per step too);
+- the global gradient norm counts a tp-sharded parameter once per shard and a replicated one once in
+  all: each rank sums the squares of its shards, tp rank 0 also those of the replicated ranges, and
+  the owners' sum runs over dp (when gradients are sharded) and tp.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import comm
+from .tensor_parallel import TPParamKind, tp_param_kind
+
+
+def _owned(bucket, sharded: bool) -> tuple[int, int]:
+    return (bucket.lo, bucket.hi) if sharded else (0, bucket.numel)
+
+
+def _ranges(strategy, keep) -> list[list[slice]]:
+    """Per bucket, the ranges of its owned tensor (shard or whole) whose parameters satisfy `keep`,
+    in owned-tensor coordinates, adjacent ranges merged."""
+    out = []
+    for g in strategy.groups:
+        b = g.bucket
+        lo, hi = _owned(b, strategy.schedule.shard_optimizer)
+        spans: list[list[int]] = []
+        for i, p in enumerate(b.params):
+            a, z = max(b.offsets[i], lo), min(b.offsets[i + 1], hi)
+            if a < z and keep(p):
+                if spans and spans[-1][1] == a - lo:
+                    spans[-1][1] = z - lo
+                else:
+                    spans.append([a - lo, z - lo])
+        out.append([slice(a, z) for a, z in spans])
+    return out
+
+
+class TensorParallelGrads:
+    """The tp side of `strategy`'s reduced gradients on `topology` (see the module doc)."""
+
+    def __init__(self, strategy, topology, algorithm: str = "auto") -> None:
+        self.strategy, self.topology, self.algorithm = strategy, topology, algorithm
+        self.partial = _ranges(strategy, lambda p: tp_param_kind(p) is TPParamKind.PARTIAL_GRAD)
+        first = topology.tp_rank == 0
+        self.counted = _ranges(strategy, lambda p: first or tp_param_kind(p) is TPParamKind.SHARDED)
+
+    def sync(self, grads: list[torch.Tensor]) -> None:
+        """Sum the sequence-parallel ranges of `grads` (one per bucket) over the tp group, in place."""
+        pieces = [g[s] for g, ranges in zip(grads, self.partial) for s in ranges]
+        if self.topology.tp == 1 or not pieces:
+            return
+        for dtype in dict.fromkeys(p.dtype for p in pieces):       # one order on every rank
+            same = [p for p in pieces if p.dtype == dtype]
+            flat = torch.cat(same)
+            comm.all_reduce(flat, op="sum", group=self.topology.tp_group, algorithm=self.algorithm)
+            for p, v in zip(same, flat.split([p.numel() for p in same])):
+                p.copy_(v)
+
+    def sum_over_owners(self):
+        """The strategy's sum over dp owners, then over the tp group."""
+        dp_sum = self.strategy.sum_over_owners()
+        if self.topology.tp == 1:
+            return dp_sum
+
+        def reduce(t: torch.Tensor) -> None:
+            if dp_sum is not None:
+                dp_sum(t)
+            comm.all_reduce(t, op="sum", group=self.topology.tp_group, algorithm=self.algorithm)
+        return reduce

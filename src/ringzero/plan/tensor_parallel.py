@@ -1,0 +1,83 @@
+"""What one tensor-parallel rank holds and sends (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2).
+
+Parameters. Megatron-LM splits the column-parallel linears (q, k, v by heads, the first MLP matrix and
+their biases) and the row-parallel ones (attention output projection, second MLP matrix; their
+biases stay whole, added after the reduction) over t ranks, and the token embedding by vocabulary
+rows, the vocabulary padded to a multiple of t (Megatron's `_vocab_size_with_padding`); norms,
+learned positions and the row-parallel biases are replicated on every tp rank.
+
+Traffic per micro-batch of b·s tokens (elements of the activation dtype unless said):
+- each layer: two all-reduces of b·s·h in forward (after the attention and MLP row-parallel linears,
+  the g operator) and two in backward (before the column-parallel ones, the f operator); full
+  recomputation runs the forward again in backward, up to the last reduction: five. Sequence parallelism turns each all-reduce
+  into an all-gather before the column-parallel linear and a reduce-scatter after the row-parallel
+  one, b·s·h each, and their conjugates in backward: the same bytes (Korthikanti et al. §4.2.2);
+- the vocabulary-parallel embedding: one all-reduce of b·s·h in forward (with sequence parallelism
+  the learned positions are added to the whole sequence, then each rank keeps its slice, whose
+  gradient is all-gathered in backward); the tied head: its input's gradient all-reduced in backward
+  (with sequence parallelism an all-gather of the input in forward and a reduce-scatter of its
+  gradient);
+- the vocabulary-parallel cross-entropy: three fp32 all-reduces of b·s (the row max, the sum of
+  exponentials and the target logit), so that full logits are never gathered.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .shapes import ModelShape, attention_params, mlp_params, norm_params
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """The vocabulary rounded up to a multiple of `tp` (each rank holds an equal slice)."""
+    return math.ceil(vocab / tp) * tp
+
+
+def replicated_params(m: ModelShape) -> int:
+    """Parameters every tp rank holds whole: norms, learned positions, row-parallel biases."""
+    per_layer = 2 * norm_params(m) + (2 * m.hidden if m.bias else 0)
+    positions = m.seq * m.hidden if m.positions == "learned" else 0
+    return m.layers * per_layer + norm_params(m) + positions
+
+
+def local_params(m: ModelShape, tp: int) -> int:
+    """Parameters one of `tp` ranks holds: its share of every split matrix, and the replicated rest
+    (t = 1: the whole model)."""
+    row_biases = 2 * m.hidden if m.bias else 0
+    split = m.layers * (attention_params(m) + mlp_params(m) - row_biases)
+    embedding = padded_vocab(m.vocab, tp) * m.hidden * (1 if m.tied else 2)
+    return (split + embedding) // tp + replicated_params(m)
+
+
+def partial_grad_params(m: ModelShape) -> int:
+    """Parameters whose gradient is a partial sum per tp rank under sequence parallelism (each rank
+    normalises and adds biases on its own slice of the sequence): the LayerNorms and the row-parallel
+    biases, summed over the tp group once per step."""
+    return (2 * m.layers + 1) * norm_params(m) + (2 * m.hidden * m.layers if m.bias else 0)
+
+
+def collectives(m: ModelShape, b: int, tp: int, *, sequence_parallel: bool = False,
+                recompute: str = "none") -> list[tuple[str, str, int, int]]:
+    """The tp collectives of one micro-batch: (what, collective, elements, calls), in activation
+    elements except the cross-entropy's fp32 ones (empty when tp = 1)."""
+    if tp == 1:
+        return []
+    bsh, bs = b * m.seq * m.hidden, b * m.seq
+    # Full recomputation runs each block's forward again in backward, but torch's non-reentrant
+    # checkpoint stops once the last tensor backward needs is rebuilt (the second MLP matrix's input),
+    # so the block's final reduction (all-reduce or reduce-scatter) is not repeated: 4 + 1 all-reduces
+    # per layer where Megatron, re-running the whole block, has 6.
+    again = recompute == "full"
+    if sequence_parallel:
+        # every all-reduce becomes one all-gather and one reduce-scatter (forward or backward)
+        out = [("layer all-gathers", "all_gather", bsh, (4 + 2 * again) * m.layers),
+               ("layer reduce-scatters", "reduce_scatter", bsh, (4 + again) * m.layers),
+               ("embedding all-reduce", "all_reduce", bsh, 1),
+               ("embedding output scattered, its gradient all-gathered", "all_gather", bsh, 1),
+               ("head input all-gather, its gradient reduce-scattered", "all_gather", bsh, 1),
+               ("", "reduce_scatter", bsh, 1)]
+    else:
+        out = [("layer all-reduces", "all_reduce", bsh, (4 + again) * m.layers),
+               ("embedding all-reduce", "all_reduce", bsh, 1),
+               ("head input gradient all-reduce", "all_reduce", bsh, 1)]
+    return out + [("cross-entropy max, sum, target (fp32)", "all_reduce", bs, 3)]
