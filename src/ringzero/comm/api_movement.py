@@ -80,15 +80,26 @@ def _rooted(collective, role, tensor, lst, root, n, rank):
     return dict(dtype=tensor.dtype, count=tensor.numel(), root=root, priced=n * tensor.numel())
 
 
-def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
-    prep = _prepare("gather", algorithm, group,
-                    lambda n, rank: _rooted("gather", "gather_list", tensor, gather_list, dst, n, rank))
+def _rooted_call(collective, role, tensor, lst, root, group, algorithm, torch_fn, root_kw):
+    """What gather and scatter share: the checks, and the backend's own call for "torch". Returns
+    (n, rank, algorithm) when one of ringzero's algorithms is to run, None when nothing is left."""
+    prep = _prepare(collective, algorithm, group,
+                    lambda n, rank: _rooted(collective, role, tensor, lst, root, n, rank))
     if prep is None or tensor.numel() == 0:
-        return
+        return None
     n, rank, _, algorithm = prep
     if algorithm == "torch":
-        gdst = dist.get_global_rank(group, dst) if group is not None else dst
-        return _torch_call("gather", dist.gather, tensor, gather_list, dst=gdst, group=group)
+        groot = dist.get_global_rank(group, root) if group is not None else root
+        _torch_call(collective, torch_fn, tensor, lst, **{root_kw: groot}, group=group)
+        return None
+    return n, rank, algorithm
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
+    prep = _rooted_call("gather", "gather_list", tensor, gather_list, dst, group, algorithm, dist.gather, "dst")
+    if prep is None:
+        return
+    n, rank, algorithm = prep
     bounds = bounds_from_sizes([tensor.numel()] * n)
     work = torch.empty(bounds[-1], dtype=tensor.dtype, device=tensor.device)
     work[bounds[rank]:bounds[rank + 1]].copy_(tensor.reshape(-1))
@@ -99,14 +110,10 @@ def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
 
 
 def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
-    prep = _prepare("scatter", algorithm, group,
-                    lambda n, rank: _rooted("scatter", "scatter_list", tensor, scatter_list, src, n, rank))
-    if prep is None or tensor.numel() == 0:
+    prep = _rooted_call("scatter", "scatter_list", tensor, scatter_list, src, group, algorithm, dist.scatter, "src")
+    if prep is None:
         return
-    n, rank, _, algorithm = prep
-    if algorithm == "torch":
-        gsrc = dist.get_global_rank(group, src) if group is not None else src
-        return _torch_call("scatter", dist.scatter, tensor, scatter_list, src=gsrc, group=group)
+    n, rank, algorithm = prep
     bounds = bounds_from_sizes([tensor.numel()] * n)
     if rank == src:
         work = _cat(scatter_list, tensor.dtype, tensor.device)
