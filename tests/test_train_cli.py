@@ -11,7 +11,8 @@ import pytest
 
 from ringzero import cli
 from ringzero.commands import train as train_cmd
-from ringzero.train.config import TrainConfig, from_deepspeed
+from ringzero.train.config import TrainConfig
+from ringzero.train.deepspeed import from_deepspeed
 from ringzero.train.model import GPT
 
 QUICK = ["--steps", "2", "--seq", "16", "--micro-batch", "1", "--max-bytes", "65536"]

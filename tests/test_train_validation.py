@@ -11,7 +11,8 @@ from torch import nn
 from ringzero.parallel.stages import DP, ShardingConfig
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.strategies import apply_sharding
-from ringzero.train.config import TrainConfig, from_deepspeed
+from ringzero.train.config import TrainConfig
+from ringzero.train.deepspeed import from_deepspeed
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -22,7 +22,8 @@ import sys
 
 from ..errors import usage
 from ..rank_io import in_torchrun
-from ..train.config import STRATEGIES, TrainConfig, choices, from_deepspeed
+from ..train.config import STRATEGIES, TrainConfig, choices
+from ..train.deepspeed import from_deepspeed
 from ..watchdog import WatchdogPolicy
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
