@@ -8,7 +8,7 @@ import torch
 from ringzero import cli
 from ringzero.bench import comm as bench
 from ringzero.bench.comm_ranks import Cell, check, element_count
-from ringzero.comm import registry, select
+from ringzero.comm import registry
 
 
 def _main(argv, capsys):
@@ -61,7 +61,7 @@ def _all_cells(group, cases):
 
 def test_data_check_passes_for_every_collective_and_algorithm(pool):
     """The bench's reference results agree with every algorithm and with the backend ("torch")."""
-    cases = [(c, select.implemented(c) + ("torch",), nbytes)
+    cases = [(c, registry.algorithms(c) + ("torch",), nbytes)
              for c in registry.COLLECTIVES for nbytes in (52, 4000)]
     for world in (1, 3, 4):
         results = pool.run(_all_cells, cases, world=world)
@@ -76,7 +76,7 @@ def test_cli_all_reduce_json(capsys):
     code, out, _ = _main(argv, capsys)
     assert code == 0
     rows = json.loads(out)["rows"]
-    algs = [a for a in select.implemented("all_reduce") if a != "hierarchical"]
+    algs = [a for a in registry.algorithms("all_reduce") if a != "hierarchical"]
     assert sorted((r["algorithm"], r["size"]) for r in rows) == sorted(
         (a, s) for a in algs for s in (1024, 65536))
     for r in rows:

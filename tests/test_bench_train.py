@@ -47,3 +47,23 @@ def test_fused_adam_peers_train_the_same_model(tmp_path):
 def test_bad_arguments_exit_2(argv, message, capsys):
     assert cli.main(["bench", "train", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_tensor_parallel_against_torch_parallelize_module(tmp_path):
+    """--tp 2: ringzero's Megatron split and torch's ColwiseParallel/RowwiseParallel train the same
+    model (qkv reordered so torch's contiguous split is by heads): the losses agree."""
+    out = tmp_path / "bench_train.json"
+    assert cli.main(["bench", "train", "--nproc", "2", *TINY, "--suites", "dp", "--tp", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["tp"]["max_loss_diff"] < 1e-4
+    assert "tp_time_vs_torch_tp" in result["ratios"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nproc", "2", "--tp", "3"], "--tp 3"),
+    (["--nproc", "3", "--tp", "3", "--model", "nano"], "tp=3 does not divide the heads"),
+])
+def test_bad_tensor_parallel_arguments_exit_2(argv, message, capsys):
+    assert cli.main(["bench", "train", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -35,7 +35,7 @@ def _t(collective, algorithm, n, nbytes, model=DEFAULT, rpn=None):
 def _synthetic_rows(model, collectives=("all_reduce", "broadcast", "reduce_scatter")):
     rows = []
     for collective in collectives:
-        for alg in select.implemented(collective):
+        for alg in registry.algorithms(collective):
             for n in (2, 3, 4, 6, 8):
                 for nbytes in (KiB, 48 * KiB, MiB, 16 * MiB + 12):
                     rpn = 2 if alg == "hierarchical" else None
@@ -49,7 +49,7 @@ def _synthetic_rows(model, collectives=("all_reduce", "broadcast", "reduce_scatt
 def test_predict_is_monotone_in_size():
     sizes = [0, 4, KiB, 4 * KiB + 4, 64 * KiB, MiB, 3 * MiB + 4, 64 * MiB]
     for collective in ("all_reduce", "broadcast", "reduce"):
-        for alg in select.implemented(collective):
+        for alg in registry.algorithms(collective):
             for n in (2, 5, 8):
                 times = [_t(collective, alg, n, s, rpn=2) for s in sizes]
                 assert times == sorted(times), (collective, alg, n, times)
@@ -60,7 +60,7 @@ def test_alpha_bound_small_messages_avoid_the_ring():
     """On 8 ranks with a large α, log-round algorithms beat ring's 2(n-1) rounds at 1 KiB."""
     ring = _t("all_reduce", "ring", 8, KiB, ALPHA_BOUND)
     for alg in ("tree", "butterfly", "rabenseifner"):
-        if alg in select.implemented("all_reduce"):
+        if alg in registry.algorithms("all_reduce"):
             assert _t("all_reduce", alg, 8, KiB, ALPHA_BOUND) < ring, alg
     cal = cost.Calibration(model=ALPHA_BOUND)
     assert select.best("all_reduce", 8, KiB, None, cal) != "ring"
@@ -104,14 +104,14 @@ def test_select_without_calibration_is_valid_for_every_collective(no_calibration
                 for rpn in (None, 2):
                     alg = select.choose(collective, n, nbytes, rpn)
                     assert alg in registry.algorithms(collective)
-                    assert alg in select.implemented(collective)
+                    assert alg in registry.algorithms(collective)
                     assert alg == select.choose(collective, n, nbytes, rpn)  # deterministic
 
 
 def test_hierarchical_only_across_nodes():
     assert "hierarchical" not in select.candidates("all_reduce", 4, 4)
     assert "hierarchical" not in select.candidates("all_reduce", 4, None)
-    if "hierarchical" in select.implemented("all_reduce"):
+    if "hierarchical" in registry.algorithms("all_reduce"):
         assert "hierarchical" in select.candidates("all_reduce", 4, 2)
         fast_hier = cost.Calibration(model=DEFAULT, per_algorithm={
             "all_reduce/hierarchical": _model(alpha=1e-9, beta=1e-15)})
@@ -127,7 +127,7 @@ def test_calibration_file_round_trip_and_reload(tmp_path, monkeypatch):
     assert cost.load(path) == slow_ring
     monkeypatch.setenv("RINGZERO_CALIBRATION", str(path))
     assert select.choose("all_reduce", 4, 64 * MiB, None) != "ring"
-    only_ring = {f"all_reduce/{a}": _model(alpha=1.0) for a in select.implemented("all_reduce")}
+    only_ring = {f"all_reduce/{a}": _model(alpha=1.0) for a in registry.algorithms("all_reduce")}
     only_ring["all_reduce/ring"] = _model(beta=1e-12)
     cost.save(cost.Calibration(model=ALPHA_BOUND, per_algorithm=only_ring), path)
     assert select.choose("all_reduce", 4, 64 * MiB, None) == "ring"  # the new file is read

@@ -18,8 +18,8 @@ from torch.utils.checkpoint import checkpoint
 from ringzero import comm
 from ringzero.parallel.recompute import Checkpointed
 from ringzero.parallel.rng import RNGFork, RNGTracker
-from ringzero.parallel.tensor_parallel import (TPParamKind, apply_tensor_parallel, sync_sequence_parallel_grads,
-                                               tp_param_kind, unshard)
+from ringzero.parallel.tensor_parallel import apply_tensor_parallel
+from ringzero.parallel.tp_grads import TPParamKind, sync_sequence_parallel_grads, tp_param_kind, unshard
 from ringzero.parallel.topology import Topology
 from ringzero.plan.comm_volume import call_for, volume
 from ringzero.plan.placement import Placement

@@ -8,6 +8,8 @@ The targets, each printed with its ratio and whether it is met:
   both: ringzero's `bucket_mb` and DDP's `bucket_cap_mb`);
 - `zero3` step time <= 0.70 x FSDP2's (`fully_shard` per block and on the root), and its peak
   model-state bytes <= FSDP2's;
+- with `--tp T`, tensor parallelism over the T ranks: step time <= 1.00 x torch's own
+  (`parallelize_module` with ColwiseParallel / RowwiseParallel on the same model), losses equal;
 - recomputation on one rank, on a shape where the 5·a·s²·b attention term is at least half the
   activations: full saves >= 80 % of the activation bytes at <= 35 % extra step time, selective
   saves >= 50 % at <= 5 %.
@@ -43,6 +45,8 @@ TARGETS = {
     "selective_saved": ("selective recompute: activation bytes saved", 0.50, ">="),
     "selective_extra_time": ("selective recompute: extra step time", 0.05, "<="),
 }
+TP_TARGETS = {"tp_time_vs_torch_tp": ("ringzero tp step time / torch parallelize_module", 1.00, "<=")}
+"""Added when `--tp` asks for the tensor-parallel comparison."""
 
 
 def add_arguments(parser) -> None:
@@ -61,6 +65,8 @@ def add_arguments(parser) -> None:
            "fused is their fastest here)")
     a("--algorithm", default="auto", help="ringzero collective algorithm (default auto)")
     a("--suites", default=",".join(SUITE_NAMES), help="comma list of dp, zero3, recompute (default all)")
+    a("--tp", type=int, default=1,
+      help="also compare tensor parallelism over the T = --nproc ranks with torch's parallelize_module (default 1: off)")
     a("--rc-layers", type=int, default=2, help="recompute shape: layers (default 2)")
     a("--rc-hidden", type=int, default=1536, help="recompute shape: hidden (default 1536)")
     a("--rc-heads", type=int, default=96, help="recompute shape: heads (default 96, of 16)")
@@ -80,11 +86,17 @@ def build_job(args):
         raise ValueError(f"--suites {args.suites!r}: allowed {', '.join(SUITE_NAMES)}")
     if args.nproc < 2 and set(suites) & {"dp", "zero3"}:
         raise ValueError(f"--nproc must be at least 2 for dp and zero3, got {args.nproc}")
+    if args.tp != 1 and args.tp != args.nproc:
+        raise ValueError(f"--tp {args.tp}: the comparison splits the model over every rank; give --tp equal to "
+                         f"--nproc ({args.nproc}), or 1 for none")
     if args.skip < 0 or args.steps <= max(1, args.skip) or args.rc_steps <= args.skip:
         raise ValueError(f"--steps (>= 2) and --rc-steps must exceed --skip ({args.skip} >= 0)")
     cfg = TrainConfig(model=args.model, seq=args.seq, micro_batch=args.micro_batch, steps=args.steps,
                       bucket_mb=args.bucket_mb, comm_algorithm=args.algorithm, max_bytes=2**20, lr=args.lr,
                       warmup=min(10, args.steps))
+    if args.tp > 1:
+        dataclasses.replace(cfg, tp=args.tp)             # the split must exist: one line if it cannot
+        suites += ("tp",)
     rc = ModelShape(name="recompute", layers=args.rc_layers, hidden=args.rc_hidden, heads=args.rc_heads,
                     vocab=256, seq=args.rc_seq)
     if args.torch_adam not in ("foreach", "fused"):
@@ -157,6 +169,8 @@ def targets(result: dict) -> list[dict]:
     vals = {}
     if "time_ratio" in result.get("dp", {}):
         vals["dp_time_vs_ddp"] = result["dp"]["time_ratio"]
+    if "time_ratio" in result.get("tp", {}):
+        vals["tp_time_vs_torch_tp"] = result["tp"]["time_ratio"]
     if "time_ratio" in result.get("zero3", {}):
         vals["zero3_time_vs_fsdp2"] = result["zero3"]["time_ratio"]
         vals["zero3_state_vs_fsdp2"] = result["zero3"]["state_ratio"]
@@ -164,11 +178,11 @@ def targets(result: dict) -> list[dict]:
         for mode in ("full", "selective"):
             vals[f"{mode}_saved"] = result["recompute"]["modes"][mode]["saved"]
             vals[f"{mode}_extra_time"] = result["recompute"]["modes"][mode]["extra_time"]
-    impossible = {k for suite, keys in (("dp", ("dp_time_vs_ddp",)),
+    impossible = {k for suite, keys in (("dp", ("dp_time_vs_ddp",)), ("tp", ("tp_time_vs_torch_tp",)),
                                         ("zero3", ("zero3_time_vs_fsdp2", "zero3_state_vs_fsdp2")))
                   if "errors" in result.get(suite, {}) for k in keys}
     rows = []
-    for key, (what, bound, op) in TARGETS.items():
+    for key, (what, bound, op) in {**TARGETS, **TP_TARGETS}.items():
         if key in vals:
             v = vals[key]
             rows.append({"key": key, "what": what, "value": v, "op": op, "bound": bound,
@@ -201,7 +215,7 @@ def print_report(result: dict, console=None) -> None:
                       "the most gathered weights and unreduced gradients alive while a layer computes")
     for col in ("variant", "step", "forward", "backward", "comm wait", "optimizer", "held", "peak", "max |Δloss|"):
         t.add_column(col, justify="left" if col == "variant" else "right")
-    for suite in ("dp", "zero3"):
+    for suite in ("dp", "zero3", "tp"):
         r = result.get(suite)
         if r is None:
             continue
@@ -267,6 +281,8 @@ def benchmark(args) -> dict:
         result["dp"] = summarize_pair(ranks, "dp", "rz_dp", "ddp", args.skip)
     if "zero3" in job.suites:
         result["zero3"] = summarize_pair(ranks, "zero3", "rz_zero3", "fsdp2", args.skip)
+    if "tp" in job.suites:
+        result["tp"] = summarize_pair(ranks, "tp", "rz_tp", "torch_tp", args.skip)
     if "recompute" in job.suites:
         result["recompute"] = summarize_recompute(ranks[0]["recompute"], job, args.skip)
     result["targets"] = targets(result)

@@ -11,6 +11,12 @@ process group:
   (`Job.torch_adam`: foreach, torch's default, or fused) + `clip_grad_norm_`.
 - FSDP2: `fully_shard` on every block, then on the root (reshard after forward: the blocks are
   gathered again for backward, as ringzero's ZeRO-3 does), + AdamW on the DTensor shards.
+- torch tensor parallelism (against ringzero's `--tp` over every rank): `parallelize_module` with
+  `ColwiseParallel` on qkv and the first MLP matrix and `RowwiseParallel` on the two output
+  projections, + AdamW on the DTensors. The fused qkv rows are reordered first so that torch's
+  contiguous split hands each rank whole heads of q, k and v (as ringzero's split by heads does), so
+  both compute the same model; torch keeps the embedding, head and loss replicated, ringzero splits
+  them by vocabulary.
 
 Steps are interleaved (step i of every variant, in an order rotated by i) and each starts after a
 barrier, so drift in the machine's load hits all variants alike; every rank times its own step and
@@ -36,8 +42,9 @@ from ..train.config import TrainConfig
 from ..train.data import ByteData, load_bytes
 from ..train.engine import RankResult, Trainer
 from ..train.model import GPT
+from . import tp_peer
 
-SUITES = {"dp": ("rz_dp", "ddp"), "zero3": ("rz_zero3", "fsdp2")}
+SUITES = {"dp": ("rz_dp", "ddp"), "zero3": ("rz_zero3", "fsdp2"), "tp": ("rz_tp", "torch_tp")}
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,9 @@ def _sampling(fn):
 
 class _Ringzero:
     def __init__(self, cfg: TrainConfig, group) -> None:
-        self.trainer = Trainer(cfg, Topology.data_parallel(group))
+        topology = Topology.build(cfg.placement(dist.get_world_size(group)), group) if cfg.tp > 1 \
+            else Topology.data_parallel(group)
+        self.trainer = Trainer(cfg, topology)
         self.res = RankResult(rank=dist.get_rank())
         self.sh = self.trainer.strategy
 
@@ -109,6 +118,8 @@ class _Torch:
         if kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel
             self.model = DistributedDataParallel(model, process_group=group, bucket_cap_mb=cfg.bucket_mb)
+        elif kind == "torch_tp":
+            self.model = tp_peer.parallelize(model, group)
         else:
             from torch.distributed.device_mesh import DeviceMesh
             from torch.distributed.fsdp import fully_shard
@@ -117,14 +128,19 @@ class _Torch:
                 fully_shard(block, mesh=mesh)
             self.model = fully_shard(model, mesh=mesh)
             self.units = [model, *model.blocks]
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay, **{adam: True})
-        self.dp, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        # torch's foreach/fused kernels take DTensors or plain tensors, not both in one list: under
+        # tensor parallelism the split weights and the replicated rest get an optimizer each.
+        params = list(self.model.parameters())
+        kinds = [[p for p in params if tp_peer.is_dtensor(p) == d] for d in (True, False)]
+        self.opts = [torch.optim.AdamW(ps, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                       **{adam: True}) for ps in kinds if ps]
+        self.group = group
+        self.dp, self.rank = (1, 0) if kind == "torch_tp" else (dist.get_world_size(group), dist.get_rank(group))
 
     def step(self, i: int, measure: bool = False) -> tuple[float, dict]:
         c = self.cfg
         x, y = self.data.batch("train", i, c.global_batch(self.dp), self.rank, self.dp)
-        for g in self.opt.param_groups:
+        for g in (g for opt in self.opts for g in opt.param_groups):
             g["lr"] = c.lr_at(i)
         with _sampling(self.transient) if measure else contextlib.nullcontext() as peak:
             t0 = time.perf_counter()
@@ -134,10 +150,13 @@ class _Torch:
             t2 = time.perf_counter()
         if measure:
             self.peak, self.held = peak[0], self._held()
-        if c.clip is not None:
+        if c.clip is not None and self.kind == "torch_tp":
+            tp_peer.clip_grad_norm(list(self.model.parameters()), c.clip, self.group)
+        elif c.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        for opt in self.opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
         value = loss.item()
         t3 = time.perf_counter()
         return value, {"forward": t1 - t0, "backward": t2 - t1, "comm": 0.0, "optimizer": t3 - t2}
@@ -179,9 +198,9 @@ class _Torch:
             params = sum(fp._sharded_param_data.numel() * fp._sharded_param_data.element_size()
                          for fp in self._params())
         else:
-            params = _nbytes(self.model.parameters())
+            params = _nbytes(local(p) for p in self.model.parameters())
         grads = _nbytes(local(p.grad) for p in self.model.parameters() if p.grad is not None)
-        opt = _nbytes(local(t) for s in self.opt.state.values() for t in s.values() if torch.is_tensor(t))
+        opt = _nbytes(local(t) for o in self.opts for s in o.state.values() for t in s.values() if torch.is_tensor(t))
         return {"params": params, "grads": grads, "optimizer": opt}
 
     def states(self) -> dict:
@@ -192,6 +211,8 @@ class _Torch:
 
 
 def _build(name: str, job: Job, group, data: ByteData):
+    if name == "rz_tp":
+        return _Ringzero(dataclasses.replace(job.cfg, strategy="dp", tp=dist.get_world_size(group)), group)
     if name.startswith("rz_"):
         return _Ringzero(dataclasses.replace(job.cfg, strategy=name[3:]), group)
     return _Torch(name, job.cfg, group, data, job.torch_adam)
@@ -218,7 +239,7 @@ def _training(job: Job) -> dict:
     cfg = job.cfg
     data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
     out: dict = {}
-    for suite in ("dp", "zero3"):
+    for suite in SUITES:
         if suite not in job.suites:
             continue
         variants, errors = {}, {}

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ..plan.chunks import bounds_from_sizes, chunk_bounds
 from . import backend, check, registry, select
 from .config import get_config
-from .meter import active_entries
+from .meter import active_entries, add
 from .ops import Op, check_dtype, parse_op, torch_op
 from .p2p import TorchComm
 
@@ -88,8 +88,7 @@ def _comm(collective, algorithm, group, ref: torch.Tensor, op: Op) -> TorchComm:
 
 
 def _torch_call(collective: str, fn, *args, **kwargs):
-    for rec in active_entries(f"{collective}/torch"):
-        rec.calls += 1
+    add(active_entries(f"{collective}/torch"), calls=1)
     fn(*args, **kwargs)
 
 

@@ -14,6 +14,7 @@ the analytic twin of every figure; the tests assert that the two agree exactly.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -39,9 +40,25 @@ class Traffic:
 _ACTIVE: list["TrafficMeter"] = []
 
 
+LOCK = threading.Lock()
+"""Guards the records: tensor parallelism's collectives (compute thread) and the data-parallel ones
+(communication thread) may update the same record at once, and `+=` on an attribute is not atomic."""
+
+
 def active_entries(key: str) -> list[Traffic]:
     """The Traffic records that one collective call should update (one per open meter)."""
-    return [m._entry(key) for m in _ACTIVE]
+    with LOCK:
+        return [m._entry(key) for m in _ACTIVE]
+
+
+def add(records: list[Traffic], **deltas: int) -> None:
+    """Add `deltas` (field -> amount) to every record in `records`."""
+    if not records:
+        return
+    with LOCK:
+        for rec in records:
+            for k, v in deltas.items():
+                setattr(rec, k, getattr(rec, k) + v)
 
 
 class TrafficMeter:

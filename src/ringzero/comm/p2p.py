@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from .meter import active_entries
+from .meter import active_entries, add
 from .ops import Op, reducer
 
 
@@ -69,8 +69,7 @@ class TorchComm:
         self.async_p2p = not self._batched  # see ring.py: NCCL serialises separate p2p calls
         self._meters = active_entries(key)
         self._arena_used = 0
-        for rec in self._meters:
-            rec.calls += 1
+        add(self._meters, calls=1)
 
     def _check(self, r: int) -> int:
         if not 0 <= r < self.size or r == self.rank:
@@ -140,9 +139,7 @@ class TorchComm:
         """dst = op(dst, src), elementwise and in place."""
         if dst.numel():
             self._reduce(dst, src)
-            nbytes = dst.numel() * self.itemsize
-            for rec in self._meters:
-                rec.bytes_reduced += nbytes
+            add(self._meters, bytes_reduced=dst.numel() * self.itemsize)
 
     @staticmethod
     def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -152,11 +149,6 @@ class TorchComm:
     def _count(self, sends, recvs, new_round: bool) -> None:
         if not self._meters:
             return
-        sent = sum(b.numel() for _, b in sends) * self.itemsize
-        recv = sum(b.numel() for _, b in recvs) * self.itemsize
-        for rec in self._meters:
-            rec.bytes_sent += sent
-            rec.bytes_recv += recv
-            rec.messages_sent += len(sends)
-            rec.messages_recv += len(recvs)
-            rec.rounds += 1 if new_round else 0
+        add(self._meters, bytes_sent=sum(b.numel() for _, b in sends) * self.itemsize,
+            bytes_recv=sum(b.numel() for _, b in recvs) * self.itemsize, messages_sent=len(sends),
+            messages_recv=len(recvs), rounds=1 if new_round else 0)

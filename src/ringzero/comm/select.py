@@ -31,9 +31,6 @@ from . import cost, registry
 
 _cache: dict = {"key": None, "cal": None}
 
-implemented = registry.algorithms
-"""Every algorithm in the table is written; the old name stays for the tests that still call it
-(test_cost, test_bench_cli)."""
 
 
 def candidates(collective: str, n: int, ranks_per_node: int | None) -> tuple[str, ...]:

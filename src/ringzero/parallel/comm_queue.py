@@ -5,7 +5,8 @@ next layer while the current one runs. ringzero's collectives are blocking calls
 worker thread; torch kernels release the GIL, so compute and communication overlap. A single
 worker keeps the order of collectives identical on every rank (hooks fire in the same order
 everywhere), which is what makes it safe: two threads using one process group at once could pair
-different collectives across ranks and hang. Every collective of a training step goes through here.
+different collectives across ranks and hang. Every data-parallel collective of a training step goes
+through here; tensor parallelism's run on the compute thread, on their own process group.
 The worker is marked `comm.config.mark_beside_compute`: its collectives post receives early.
 """
 

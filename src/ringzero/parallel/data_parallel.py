@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .. import comm
 from ..plan.sharding import DP
-from .flat_group import FlatGroup, Grads
+from .flat_group import FlatGroup
 from .flat_strategy import FlatStrategy
 
 
@@ -18,4 +18,3 @@ class DataParallel(FlatStrategy):
     def _reduce(self, g: FlatGroup) -> None:
         if self.topology.dp > 1:     # one rank: the sum is the gradient (and no group is needed)
             comm.all_reduce(g.grad_flat, op="sum", group=self.group, algorithm=self._algorithm("all_reduce"))
-        g.grads = Grads.REDUCED

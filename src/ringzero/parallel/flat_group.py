@@ -1,17 +1,15 @@
-"""One flat bucket of parameters with its weights and gradients, in explicit states.
+"""One flat bucket of parameters with its weights and gradients, its weights in an explicit state.
 
-As FSDP2's `FSDPParamGroup` (its `ShardedState` and `TrainingState`), each group says where its
-weights and its gradient are instead of leaving `None` to stand for a state:
+As FSDP2's `FSDPParamGroup` (its `ShardedState`), each group says where its weights are instead of
+leaving `None` to stand for a state:
 
-weights  FULL      the whole bucket is held and bound (DP, ZeRO-1/2: always)
-         SHARDED   only this rank's shard is held (ZeRO-3 between uses)
-         GATHERING an all-gather of the bucket is in flight (ZeRO-3's prefetch)
-         GATHERED  the gathered bucket is bound for a forward or backward (ZeRO-3)
+    FULL       the whole bucket is held and bound (DP, ZeRO-1/2: always)
+    SHARDED    only this rank's shard is held (ZeRO-3 between uses)
+    GATHERING  an all-gather of the bucket is in flight (ZeRO-3's prefetch)
+    GATHERED   the gathered bucket is bound for a forward or backward (ZeRO-3)
 
-grads    EMPTY     nothing accumulated since the last `zero_grad`
-         PARTIAL   this rank's unreduced gradients are in the flat (accumulation before the last
-                   micro-batch under DP and ZeRO-1, or a backward under way)
-         REDUCED   every gradient so far is reduced (into the flat under DP, the shard under ZeRO)
+Gradients live in `grad_flat` (this rank's, unreduced: DP sums into it in place) and `grad_shard`
+(ZeRO: the reduced sum of this rank's shard, over ranks and micro-batches).
 """
 
 from __future__ import annotations
@@ -32,12 +30,6 @@ class Weights(Enum):
     GATHERED = "gathered"
 
 
-class Grads(Enum):
-    EMPTY = "empty"
-    PARTIAL = "partial"
-    REDUCED = "reduced"
-
-
 def nbytes(ts) -> int:
     return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
@@ -48,7 +40,6 @@ class FlatGroup:
     def __init__(self, bucket: FlatBucket, index: int, root: bool = False) -> None:
         self.bucket, self.index, self.root = bucket, index, root
         self.weights = Weights.FULL
-        self.grads = Grads.EMPTY
         self.full: torch.Tensor | None = bucket.gather_params()   # (padded,) bound to the parameters
         self.shard: torch.Tensor | None = None       # (shard,) ZeRO-3's own weights
         self.gathering: Future | None = None
@@ -80,7 +71,11 @@ class FlatGroup:
         self.weights = Weights.GATHERED
 
     def release(self) -> None:
-        """-> SHARDED: the parameters lose their storage (the Parameter objects stay)."""
+        """-> SHARDED: the parameters lose their storage (the Parameter objects stay); an all-gather
+        still in flight is waited for and dropped, so none is left to be issued twice."""
+        if self.gathering is not None:
+            self.gathering.result()
+            self.gathering, self.landing = None, None
         self.bucket.unbind()
         self.full = None
         self.weights = Weights.SHARDED
@@ -97,21 +92,18 @@ class FlatGroup:
             self.grad_flat = self.bucket.empty()
         self.bucket.slot(i, self.grad_flat).add_(p.grad.reshape(-1))
         p.grad = None
-        self.grads = Grads.PARTIAL
 
     def add_reduced_shard(self, out: torch.Tensor) -> None:
         if self.grad_shard is None:
             self.grad_shard = out
         else:
             self.grad_shard.add_(out)
-        self.grads = Grads.REDUCED
 
     def zero_grad(self) -> None:
         """Zero the accumulators in place (DDP keeps its buckets too: no reallocation)."""
         for t in (self.grad_flat, self.grad_shard):
             if t is not None:
                 t.zero_()
-        self.grads = Grads.EMPTY
 
     def missing(self) -> list[nn.Parameter]:
         return [p for i, p in enumerate(self.params) if i not in self.got]

@@ -12,7 +12,7 @@ from ..plan.sharding import strategy as stage  # noqa: F401
 
 @dataclass(frozen=True, kw_only=True)
 class ShardingConfig:
-    """How a strategy runs (besides its `Stage`)."""
+    """How a strategy runs (besides what it shards: `stage`, a `plan.sharding.Strategy`)."""
 
     stage: Strategy = DP
     bucket_mb: float = 25.0

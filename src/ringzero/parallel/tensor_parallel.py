@@ -20,17 +20,17 @@ only the shard and all-gathers it again in backward, autograd keeps the gathered
 each column-parallel linear for its weight gradient (no extra all-gather, more memory).
 
 Parameters are marked as Megatron marks them (`tensor_model_parallel`, `partition_dim`,
-`partition_stride`, `sequence_parallel`), and `tp_param_kind(p)` gives one of `TPParamKind`:
+`partition_stride`, `sequence_parallel`), and `tp_grads.tp_param_kind(p)` gives one of `TPParamKind`:
 SHARDED (a slice per tp rank, its gradient complete), REPLICATED (the same value and gradient on
 every tp rank) or PARTIAL_GRAD (replicated, but under SP each rank's gradient covers its own tokens:
-the LayerNorms and the row-parallel biases; the caller sums them with `sync_sequence_parallel_grads`
-before the data-parallel reduction). The position embedding is added before the cut to shards, so its
+the LayerNorms and the row-parallel biases; the caller sums them over the tp group: per parameter
+with `tp_grads.sync_sequence_parallel_grads`, or in a strategy's flat buckets with
+`tp_grads.TensorParallelGrads`). The position embedding is added before the cut to shards, so its
 gradient is complete (REPLICATED).
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 
@@ -38,24 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import comm
 from .rng import RNGFork, RNGTracker
+from .tp_grads import TPParamKind
 from .tp_ops import copy_to_tp, gather_from_seq, reduce_from_tp, reduce_scatter_to_seq, scatter_to_seq
 from .vocab_parallel import VocabParallelCrossEntropy, VocabParallelEmbedding, VocabParallelHead, padded_vocab
-
-
-class TPParamKind(enum.Enum):
-    SHARDED = "sharded"
-    """Each tp rank holds a slice (`partition_dim`); its gradient is complete."""
-    REPLICATED = "replicated"
-    """The same value and the same, complete gradient on every tp rank."""
-    PARTIAL_GRAD = "partial_grad"
-    """The same value; each rank's gradient is a partial sum (sequence parallelism): all-reduce over tp."""
-
-
-def tp_param_kind(p: torch.Tensor) -> TPParamKind:
-    """How tensor parallelism holds `p` (REPLICATED for a parameter it never marked)."""
-    return getattr(p, "tp_kind", TPParamKind.REPLICATED)
 
 
 def _mark(p: nn.Parameter, kind: TPParamKind, dim: int = 0, stride: int = 1,
@@ -279,31 +265,3 @@ def _mark_rest(model: nn.Module, sequence_parallel: bool) -> None:
             if not hasattr(p, "tp_kind"):
                 partial = sequence_parallel and isinstance(mod, nn.LayerNorm)
                 _mark(p, TPParamKind.PARTIAL_GRAD if partial else TPParamKind.REPLICATED)
-
-
-def sync_sequence_parallel_grads(params, topology, algorithm: str = "auto") -> None:
-    """Sum the gradients of PARTIAL_GRAD parameters over the tp group: one all-reduce per dtype of
-    their flattened gradients (Megatron coalesces them likewise)."""
-    grads = [p.grad for p in params if tp_param_kind(p) is TPParamKind.PARTIAL_GRAD and p.grad is not None]
-    if topology.tp == 1 or not grads:
-        return
-    for dtype in dict.fromkeys(g.dtype for g in grads):            # one order on every rank
-        same = [g for g in grads if g.dtype == dtype]
-        flat = torch.cat([g.reshape(-1) for g in same])
-        comm.all_reduce(flat, op="sum", group=topology.tp_group, algorithm=algorithm)
-        for g, v in zip(same, flat.split([g.numel() for g in same])):
-            g.copy_(v.view_as(g))
-
-
-def unshard(tensor: torch.Tensor, param: torch.Tensor, topology, algorithm: str = "auto") -> torch.Tensor:
-    """The whole tensor of which `tensor` (param's value or gradient) is this rank's slice: all-gathered
-    over the tp group, its stacked blocks reassembled and the vocabulary padding dropped. A tensor of
-    an unsharded parameter is returned as it is. Every tp rank must call it."""
-    if tp_param_kind(param) is not TPParamKind.SHARDED or topology.tp == 1:
-        return tensor
-    t, dim, stride = topology.tp, param.partition_dim, param.partition_stride
-    out = tensor.new_empty(t * tensor.numel())           # flat: gloo's own all-gather takes no (t, ...) stack
-    comm.all_gather_into_tensor(out, tensor.reshape(-1), group=topology.tp_group, algorithm=algorithm)
-    blocks = [piece.chunk(stride, dim) for piece in out.view((t,) + tuple(tensor.shape)).unbind(0)]
-    full = torch.cat([blocks[r][j] for j in range(stride) for r in range(t)], dim)
-    return full.narrow(dim, 0, param.tp_full_shape[dim])

@@ -33,13 +33,17 @@ _GROUPS: dict[tuple[int, ...], object] = {}
 """Process groups made so far, by their global ranks."""
 
 
-def _group_count() -> int:
-    # torch keeps no public count of the groups a rank belongs to; this is what its naming reads.
-    return len(dist.distributed_c10d._world.pg_names)
+def _group_count() -> int | None:
+    # torch keeps no public count of the groups a rank belongs to; this is what its naming reads
+    # (None where a torch version keeps it elsewhere: then nothing is aligned).
+    names = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_names", None)
+    return None if names is None else len(names)
 
 
 def _align_group_counts(whole_group) -> None:
     """Bring every rank of `whole_group` to the same number of groups (see the module doc)."""
+    if _group_count() is None:
+        return
     count = torch.tensor([_group_count()], dtype=torch.int64)
     dist.all_reduce(count, op=dist.ReduceOp.MAX, group=whole_group)
     me = dist.get_rank()

@@ -1,5 +1,6 @@
-"""Tensor-parallel gradients in a data-parallel strategy's flat buckets: the sequence-parallel sum
-and the global norm (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2).
+"""Tensor-parallel parameters and gradients: how each parameter is held (`TPParamKind`), whole values
+from the shards (`unshard`), and in a data-parallel strategy's flat buckets the sequence-parallel
+sum and the global norm (Shoeybi et al. 2019 §3; Korthikanti et al. 2022 §4.2.2).
 
 Every tp rank holds a model of the same parameter shapes in the same order, so the strategy lays
 them out in identical buckets and a dp rank owns the same range of each on every tp rank. Two facts
@@ -16,10 +17,58 @@ follow, used here instead of touching each parameter's .grad:
 
 from __future__ import annotations
 
+import enum
+
 import torch
 
 from .. import comm
-from .tensor_parallel import TPParamKind, tp_param_kind
+
+
+class TPParamKind(enum.Enum):
+    SHARDED = "sharded"
+    """Each tp rank holds a slice (`partition_dim`); its gradient is complete."""
+    REPLICATED = "replicated"
+    """The same value and the same, complete gradient on every tp rank."""
+    PARTIAL_GRAD = "partial_grad"
+    """The same value; each rank's gradient is a partial sum (sequence parallelism): all-reduce over tp."""
+
+
+def tp_param_kind(p: torch.Tensor) -> TPParamKind:
+    """How tensor parallelism holds `p` (REPLICATED for a parameter it never marked)."""
+    return getattr(p, "tp_kind", TPParamKind.REPLICATED)
+
+
+def _sum_over_tp(pieces: list[torch.Tensor], topology, algorithm: str) -> None:
+    """Sum tensors `pieces` in place over the tp group: one all-reduce per dtype of their
+    concatenation (Megatron coalesces them likewise), in one order on every rank."""
+    if topology.tp == 1 or not pieces:
+        return
+    for dtype in dict.fromkeys(p.dtype for p in pieces):
+        same = [p for p in pieces if p.dtype == dtype]
+        flat = torch.cat([p.reshape(-1) for p in same])
+        comm.all_reduce(flat, op="sum", group=topology.tp_group, algorithm=algorithm)
+        for p, v in zip(same, flat.split([p.numel() for p in same])):
+            p.copy_(v.view_as(p))
+
+
+def sync_sequence_parallel_grads(params, topology, algorithm: str = "auto") -> None:
+    """Sum the .grad of PARTIAL_GRAD parameters over the tp group (a model outside a strategy)."""
+    _sum_over_tp([p.grad for p in params if tp_param_kind(p) is TPParamKind.PARTIAL_GRAD and p.grad is not None],
+                 topology, algorithm)
+
+
+def unshard(tensor: torch.Tensor, param: torch.Tensor, topology, algorithm: str = "auto") -> torch.Tensor:
+    """The whole tensor of which `tensor` (param's value or gradient) is this rank's slice: all-gathered
+    over the tp group, its stacked blocks reassembled and the vocabulary padding dropped. A tensor of
+    an unsharded parameter is returned as it is. Every tp rank must call it."""
+    if tp_param_kind(param) is not TPParamKind.SHARDED or topology.tp == 1:
+        return tensor
+    t, dim, stride = topology.tp, param.partition_dim, param.partition_stride
+    out = tensor.new_empty(t * tensor.numel())           # flat: gloo's own all-gather takes no (t, ...) stack
+    comm.all_gather_into_tensor(out, tensor.reshape(-1), group=topology.tp_group, algorithm=algorithm)
+    blocks = [piece.chunk(stride, dim) for piece in out.view((t,) + tuple(tensor.shape)).unbind(0)]
+    full = torch.cat([blocks[r][j] for j in range(stride) for r in range(t)], dim)
+    return full.narrow(dim, 0, param.tp_full_shape[dim])
 
 
 def _owned(bucket, sharded: bool) -> tuple[int, int]:
@@ -56,15 +105,8 @@ class TensorParallelGrads:
 
     def sync(self, grads: list[torch.Tensor]) -> None:
         """Sum the sequence-parallel ranges of `grads` (one per bucket) over the tp group, in place."""
-        pieces = [g[s] for g, ranges in zip(grads, self.partial) for s in ranges]
-        if self.topology.tp == 1 or not pieces:
-            return
-        for dtype in dict.fromkeys(p.dtype for p in pieces):       # one order on every rank
-            same = [p for p in pieces if p.dtype == dtype]
-            flat = torch.cat(same)
-            comm.all_reduce(flat, op="sum", group=self.topology.tp_group, algorithm=self.algorithm)
-            for p, v in zip(same, flat.split([p.numel() for p in same])):
-                p.copy_(v)
+        _sum_over_tp([g[s] for g, ranges in zip(grads, self.partial) for s in ranges], self.topology,
+                     self.algorithm)
 
     def sum_over_owners(self):
         """The strategy's sum over dp owners, then over the tp group."""

@@ -26,13 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
+from ..plan.tensor_parallel import padded_vocab  # noqa: F401  (re-exported: the split's rows)
 from .tp_ops import copy_to_tp, gather_from_seq, group_size, reduce_from_tp
-
-
-def padded_vocab(vocab: int, tp: int, divisible_by: int = 1) -> int:
-    """The vocabulary rounded up to a multiple of `divisible_by`·tp."""
-    multiple = divisible_by * tp
-    return -(-vocab // multiple) * multiple
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -91,9 +91,6 @@ class ZeRO3(ZeRO2):
         # A new forward: nothing may be gathered or in flight from before (a forward that raised
         # midway, a layer that did not run): drop it, so no stale weights are used.
         for g in self.groups:
-            if g.weights is Weights.GATHERING:
-                g.gathering.result()
-                g.gathering, g.landing = None, None
             if g.weights is not Weights.SHARDED:
                 g.release()
 

@@ -47,26 +47,29 @@ def korthikanti(b: int, s: int, h: int, a: int) -> int:
 
 def layer_terms(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, dropout: bool = True,
                 flash: bool = False, tp: int = 1, sp: bool = False, recompute: str = "none",
-                mask_bytes: int = 1) -> dict[str, float]:
+                mask_bytes: int = 1, sp_keeps_gathered: bool = False) -> dict[str, float]:
     """Bytes each saved tensor of one block takes per micro-batch, by name (see the module doc).
 
     `mask_bytes` is what one dropout-mask element costs: 1 for a fused kernel's boolean mask (GPUs,
     Korthikanti et al.), `value_bytes` for torch's CPU dropout, which keeps its scaled noise tensor
-    in the activations' dtype.
+    in the activations' dtype. `sp_keeps_gathered`: under sequence parallelism the column-parallel
+    linears' inputs are saved as all-gathered (whole sequence), as plain autograd does; Korthikanti
+    et al. (and Megatron) save the sequence slice and all-gather it again in backward.
     """
     p, t = value_bytes, tp
     sbh, sbf = s * b * m.hidden, s * b * m.ffn_dim
     rep = t if sp else 1                     # replicated tensors are split only with SP
+    gathered = 1 if sp_keeps_gathered else rep
     if recompute == "full":
         return {"block_input": p * sbh / rep}
     kv = m.kv / m.heads
     terms = {
         "norm_inputs": 2 * p * sbh / rep,
-        "qkv_input": p * sbh / rep,
+        "qkv_input": p * sbh / gathered,
         "q": p * sbh / t,
         "k_v": 2 * p * sbh * kv / t,
         "attention_out": p * sbh / t,        # input of the output projection
-        "fc1_input": p * sbh / rep,
+        "fc1_input": p * sbh / gathered,
         "mlp_inner": (4 if m.gated else 2) * p * sbf / t,
     }
     if dropout:
@@ -110,10 +113,12 @@ def activation_bytes(m: ModelShape, b: int, s: int, *, pp: int = 1, microbatches
     return total
 
 
-def head_bytes(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, tp: int = 1,
-               dropout: bool = False, mask_bytes: int = 1) -> float:
+def head_bytes(m: ModelShape, b: int, s: int, *, value_bytes: int = 2, tp: int = 1, sp: bool = False,
+               dropout: bool = False, mask_bytes: int = 1, vocab: int | None = None) -> float:
     """Outside the blocks: the embedding dropout's mask (when `dropout`), the final-norm input and
-    the head input (p·sbh each) and the fp32 log-probabilities the cross-entropy keeps (4·s·b·V/t,
-    Korthikanti et al. §4.1)."""
-    embedding = mask_bytes * s * b * m.hidden if dropout else 0
-    return embedding + 2 * value_bytes * s * b * m.hidden + 4 * s * b * m.vocab / tp
+    the head input (p·sbh each; with sequence parallelism the mask and the norm input hold a 1/t
+    slice of the sequence, the head input is all-gathered) and the fp32 log-probabilities the
+    cross-entropy keeps (4·s·b·V/t, Korthikanti et al. §4.1; `vocab`: V padded for tp, if it is)."""
+    rep = tp if sp else 1
+    embedding = mask_bytes * s * b * m.hidden / rep if dropout else 0
+    return embedding + value_bytes * s * b * m.hidden * (1 + 1 / rep) + 4 * s * b * (vocab or m.vocab) / tp

@@ -90,10 +90,6 @@ class Placement:
                    if all(self.coords(r)[d] == c[d] for d in DIMS if d not in dims)]
         return tuple(members)
 
-    def groups(self, dims: tuple[str, ...]) -> list[tuple[int, ...]]:
-        """Every group over `dims`, in ascending order of their first rank."""
-        return sorted({self.group(dims, r) for r in range(self.world)})
-
     def node_size(self, dim: str) -> int:
         """Members of a `dim` group that share a node."""
         rpn = self.ranks_per_node or self.world

@@ -41,6 +41,7 @@ from .config import Parallel, Training
 from .placement import Placement
 from .shapes import ModelShape, param_count
 from .sharding import by_zero
+from . import tensor_parallel
 from .volumes import hierarchical
 
 KINDS = ("dp", "zero", "tp", "pp")
@@ -129,25 +130,21 @@ def _data_parallel_ops(n_params: int, size: int, micro: int, n: int, tp: int, pp
 
 
 def tensor_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:
-    """Megatron-LM's four activation all-reduces per layer per micro-batch (empty when tp = 1)."""
+    """Megatron-LM's activation collectives of every layer, per micro-batch (`plan.tensor_parallel`;
+    empty when tp = 1)."""
     if par.tp == 1:
         return []
     return list(_tensor_parallel_ops(par.tp, tr.micro_batch * m.seq * m.hidden, tr.bytes_per_value,
-                                     4 * math.ceil(m.layers / par.pp) * tr.accumulation(par.dp),
+                                     math.ceil(m.layers / par.pp) * tr.accumulation(par.dp),
                                      par.placement(gpus_per_node).node_size("tp"), par.sequence_parallel))
 
 
 @lru_cache(maxsize=65536)
-def _tensor_parallel_ops(t: int, count: int, itemsize: int, calls: int, node: int,
+def _tensor_parallel_ops(t: int, count: int, itemsize: int, layer_passes: int, node: int,
                          sequence_parallel: bool) -> tuple[CommOp, ...]:
     """`tensor_parallel_ops` from plain numbers (cached, like `_data_parallel_ops`)."""
-    if sequence_parallel:
-        return (CommOp("tp", "sequence-parallel reduce-scatter", "reduce_scatter", "ring", t, count,
-                       itemsize, calls, node, "none"),
-                CommOp("tp", "sequence-parallel all-gather", "all_gather", "ring", t, count,
-                       itemsize, calls, node, "none"))
-    return (CommOp("tp", "activation all-reduce", "all_reduce", "ring", t, count, itemsize, calls, node,
-                   "none"),)
+    return tuple(CommOp("tp", what, collective, "ring", t, count, itemsize, calls * layer_passes, node, "none")
+                 for what, collective, calls in tensor_parallel.layer_collectives(sequence_parallel))
 
 
 def pipeline_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:

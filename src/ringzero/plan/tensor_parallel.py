@@ -28,9 +28,11 @@ import math
 from .shapes import ModelShape, attention_params, mlp_params, norm_params
 
 
-def padded_vocab(vocab: int, tp: int) -> int:
-    """The vocabulary rounded up to a multiple of `tp` (each rank holds an equal slice)."""
-    return math.ceil(vocab / tp) * tp
+def padded_vocab(vocab: int, tp: int, divisible_by: int = 1) -> int:
+    """The vocabulary rounded up to a multiple of `divisible_by`·tp, so each rank holds an equal
+    slice (Megatron rounds to 128·tp; ringzero's engine to tp)."""
+    multiple = divisible_by * tp
+    return math.ceil(vocab / multiple) * multiple
 
 
 def replicated_params(m: ModelShape) -> int:
@@ -56,6 +58,20 @@ def partial_grad_params(m: ModelShape) -> int:
     return (2 * m.layers + 1) * norm_params(m) + (2 * m.hidden * m.layers if m.bias else 0)
 
 
+def layer_collectives(sequence_parallel: bool = False, recompute: str = "none") -> list[tuple[str, str, int]]:
+    """(what, collective, calls) of one transformer layer per micro-batch, each of b·s·h elements.
+
+    Full recomputation runs each block's forward again in backward, but torch's non-reentrant
+    checkpoint stops once the last tensor backward needs is rebuilt (the second MLP matrix's input),
+    so the block's final reduction (all-reduce or reduce-scatter) is not repeated: 4 + 1 all-reduces
+    per layer where Megatron, re-running the whole block, has 6."""
+    again = recompute == "full"
+    if sequence_parallel:        # every all-reduce becomes a reduce-scatter and an all-gather
+        return [("sequence-parallel reduce-scatter", "reduce_scatter", 4 + again),
+                ("sequence-parallel all-gather", "all_gather", 4 + 2 * again)]
+    return [("activation all-reduce", "all_reduce", 4 + again)]
+
+
 def collectives(m: ModelShape, b: int, tp: int, *, sequence_parallel: bool = False,
                 recompute: str = "none") -> list[tuple[str, str, int, int]]:
     """The tp collectives of one micro-batch: (what, collective, elements, calls), in activation
@@ -63,21 +79,13 @@ def collectives(m: ModelShape, b: int, tp: int, *, sequence_parallel: bool = Fal
     if tp == 1:
         return []
     bsh, bs = b * m.seq * m.hidden, b * m.seq
-    # Full recomputation runs each block's forward again in backward, but torch's non-reentrant
-    # checkpoint stops once the last tensor backward needs is rebuilt (the second MLP matrix's input),
-    # so the block's final reduction (all-reduce or reduce-scatter) is not repeated: 4 + 1 all-reduces
-    # per layer where Megatron, re-running the whole block, has 6.
-    again = recompute == "full"
+    out = [(what, c, bsh, k * m.layers) for what, c, k in layer_collectives(sequence_parallel, recompute)]
     if sequence_parallel:
-        # every all-reduce becomes one all-gather and one reduce-scatter (forward or backward)
-        out = [("layer all-gathers", "all_gather", bsh, (4 + 2 * again) * m.layers),
-               ("layer reduce-scatters", "reduce_scatter", bsh, (4 + again) * m.layers),
-               ("embedding all-reduce", "all_reduce", bsh, 1),
-               ("embedding output scattered, its gradient all-gathered", "all_gather", bsh, 1),
-               ("head input all-gather, its gradient reduce-scattered", "all_gather", bsh, 1),
-               ("", "reduce_scatter", bsh, 1)]
+        out += [("embedding all-reduce", "all_reduce", bsh, 1),
+                ("embedding output scattered, its gradient all-gathered", "all_gather", bsh, 1),
+                ("head input all-gather, its gradient reduce-scattered", "all_gather", bsh, 1),
+                ("", "reduce_scatter", bsh, 1)]
     else:
-        out = [("layer all-reduces", "all_reduce", bsh, (4 + again) * m.layers),
-               ("embedding all-reduce", "all_reduce", bsh, 1),
-               ("head input gradient all-reduce", "all_reduce", bsh, 1)]
+        out += [("embedding all-reduce", "all_reduce", bsh, 1),
+                ("head input gradient all-reduce", "all_reduce", bsh, 1)]
     return out + [("cross-entropy max, sum, target (fp32)", "all_reduce", bs, 3)]

@@ -137,6 +137,16 @@ class TrainConfig:
         if self.strategy == "single" and t > 1:
             raise FieldError("strategy", "strategy 'single' runs on one rank; with tp > 1 use dp or zero1-3")
 
+    @property
+    def tp_algorithm(self) -> str:
+        """The algorithm of the tensor-parallel collectives: the run's, unless sequence parallelism
+        needs an all-gather or reduce-scatter it does not implement (then the ring)."""
+        algo = self.comm_algorithm
+        if not self.sequence_parallel or algo in registry.SPECIAL:
+            return algo
+        ok = all(algo in registry.algorithms(c) for c in ("all_gather", "reduce_scatter"))
+        return algo if ok else "ring"
+
     def placement(self, world: int) -> Placement:
         """The dp x tp grid of this run on `world` ranks, or a one-line FieldError."""
         if self.tp > world:

@@ -1,7 +1,7 @@
 """The training loop that runs on every rank: build, train, evaluate, measure.
 
-Order of application (torchtitan's): model -> precision (cast) -> recomputation -> sharding
-(DP/ZeRO). Each step runs its micro-batches through a step schedule (`step_schedule`), then the
+Order of application (torchtitan's): model -> precision (cast) -> tensor parallelism ->
+recomputation -> sharding (DP/ZeRO over the dp group). Each step runs its micro-batches through a step schedule (`step_schedule`), then the
 optimizer; DP and ZeRO-1 communicate only on the last micro-batch.
 The run measures what the planner predicts: model-state bytes held, bytes saved for backward,
 bytes sent and received (traffic meter), and time per phase. With `calibrate`, every rank also
@@ -25,8 +25,8 @@ from ..parallel.precision import LossScaler, NoScaler, dtype
 from ..parallel.recompute import apply_recompute
 from ..parallel.stages import DP, ShardingConfig, stage
 from ..parallel.strategies import apply_sharding
-from ..parallel.tensor_parallel import apply_tensor_parallel, unshard
-from ..parallel.tp_grads import TensorParallelGrads
+from ..parallel.tensor_parallel import apply_tensor_parallel
+from ..parallel.tp_grads import TensorParallelGrads, unshard
 from ..parallel.topology import Topology
 from .config import TrainConfig
 from .data import ByteData, load_bytes
@@ -72,14 +72,14 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = GPT(cfg.shape, attention=cfg.attention, dropout=cfg.dropout).to(dtype(cfg.precision))
         self.tp = apply_tensor_parallel(self.model, topology, sequence_parallel=cfg.sequence_parallel,
-                                        algorithm=tp_algorithm(cfg), seed=cfg.seed)
+                                        algorithm=cfg.tp_algorithm, seed=cfg.seed)
         apply_recompute(self.model, cfg.recompute, (AttentionCore,), self.tp.rng.checkpoint_context
                         if topology.tp > 1 else None)
         self.queue = CommQueue()
         self.strategy = apply_sharding(self.model, topology, ShardingConfig(
             stage=DP if cfg.strategy == "single" else stage(cfg.strategy), bucket_mb=cfg.bucket_mb,
             algorithm=cfg.comm_algorithm), self.queue)
-        self.tp_grads = TensorParallelGrads(self.strategy, topology, tp_algorithm(cfg))
+        self.tp_grads = TensorParallelGrads(self.strategy, topology, cfg.tp_algorithm)
         self.opt = ShardedAdam(self.strategy.owned_weights(), AdamConfig(
             lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip),
             self.tp_grads.sum_over_owners(), self.tp_grads.counted if topology.tp > 1 else None)
@@ -183,30 +183,21 @@ class Trainer:
         """Every parameter's full value (gathered over dp when sharded, over tp when split), by name,
         as flat float lists."""
         params = dict(self.model.named_parameters())
-        return {k: unshard(v, params[k], self.topo, tp_algorithm(self.cfg)).float().reshape(-1).tolist()
+        return {k: unshard(v, params[k], self.topo, self.cfg.tp_algorithm).float().reshape(-1).tolist()
                 for k, v in self.strategy.full_params().items()}
-
-
-def tp_algorithm(cfg: TrainConfig) -> str:
-    """The algorithm of the tensor-parallel collectives: the run's, unless sequence parallelism needs
-    an all-gather and reduce-scatter that it does not implement (then the ring)."""
-    from ..comm import registry
-    algo = cfg.comm_algorithm
-    if not cfg.sequence_parallel or algo in ("auto", "torch"):
-        return algo
-    ok = all(algo in registry.algorithms(c) for c in ("all_reduce", "all_gather", "reduce_scatter"))
-    return algo if ok else "ring"
 
 
 def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,
                calibrate: bool = True) -> RankResult:
     """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
-    if not dist.is_initialized():
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    placement = cfg.placement(world)                 # tp and dp against the ranks: one line if wrong
+    if world == 1:
         topo = Topology.alone()
-    elif cfg.tp == 1:
+    elif placement.tp == 1:
         topo = Topology.data_parallel(group)
     else:
-        topo = Topology.build(cfg.placement(dist.get_world_size(group)), group)
+        topo = Topology.build(placement, group)
     if cfg.strategy == "single" and topo.world != 1:
         raise ValueError(f"strategy 'single' runs on one rank, not {topo.world}")
     return Trainer(cfg, topo).run(progress, keep_params, calibrate)

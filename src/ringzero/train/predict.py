@@ -46,15 +46,17 @@ def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Par
 
 
 def activations(cfg: TrainConfig, cuda: bool = False) -> float:
-    """Bytes saved for backward by one micro-batch's forward (all layers plus embedding and head)."""
-    m, tr, par = plan_inputs(cfg, cfg.tp)
-    p = tr.bytes_per_value
-    mask = 1 if cuda else p
-    per_layer = act.layer_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, dropout=tr.dropout,
+    """Bytes one rank saves for backward in one micro-batch's forward (all layers plus embedding and
+    head; 1/t of the split tensors under tensor parallelism)."""
+    m, t, sp = cfg.shape, cfg.tp, cfg.sequence_parallel
+    p = 4 if cfg.precision == "fp32" else 2
+    mask, dropout = (1 if cuda else p), cfg.dropout > 0
+    per_layer = act.layer_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, dropout=dropout,
                                 flash=fused_attention(cfg, cuda), recompute=cfg.recompute, mask_bytes=mask,
-                                tp=par.tp, sp=par.sequence_parallel)
-    return m.layers * per_layer + act.head_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, tp=par.tp,
-                                                 dropout=tr.dropout, mask_bytes=mask)
+                                tp=t, sp=sp, sp_keeps_gathered=True)
+    return m.layers * per_layer + act.head_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, tp=t, sp=sp,
+                                                 dropout=dropout, mask_bytes=mask,
+                                                 vocab=tensor_parallel.padded_vocab(m.vocab, t))
 
 
 def states(cfg: TrainConfig, world: int) -> dict[str, float]:
@@ -63,16 +65,6 @@ def states(cfg: TrainConfig, world: int) -> dict[str, float]:
     p, g, o, _ = model_states(tensor_parallel.local_params(m, par.tp), state_bytes(tr.precision, tr.optimizer),
                               dp=par.dp, zero=par.zero)
     return {"params": p, "grads": g, "optimizer": o}
-
-
-def _algorithm(cfg: TrainConfig, collective: str, n: int, nbytes: int) -> str:
-    """The algorithm the engine's collective runs: the configured one mapped to `collective` as
-    `ShardingConfig.algorithm_for` does, or what "auto" picks ("torch" stays "torch")."""
-    from ..comm import select
-    from ..comm.config import get_config
-    from ..parallel.stages import ShardingConfig
-    algo = ShardingConfig(algorithm=cfg.comm_algorithm).algorithm_for(collective)
-    return select.choose(collective, n, nbytes, get_config().node_size(n)) if algo == "auto" else algo
 
 
 def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, int, int]]:
@@ -86,20 +78,47 @@ def _itemsize(cfg: TrainConfig) -> int:
     return 4 if cfg.precision == "fp32" else 2
 
 
-def tp_calls(cfg: TrainConfig, world: int) -> list[tuple[str, int, int, int]]:
-    """The tensor-parallel collectives of one step on the tp group (`plan.tensor_parallel`), the
-    sequence-parallel gradient sum of a rank that owns every gradient, and the norm's sum over tp."""
-    t = cfg.tp
-    if t == 1:
+def tp_calls(cfg: TrainConfig) -> list[tuple[str, int, int, int]]:
+    """The tensor-parallel collectives of one step inside forward and backward, on the tp group
+    (`plan.tensor_parallel`)."""
+    if cfg.tp == 1:
         return []
-    m, size = cfg.shape, _itemsize(cfg)
-    out = [(c, n, 4 if "fp32" in what else size, k * cfg.grad_accum)
-           for what, c, n, k in tensor_parallel.collectives(m, cfg.micro_batch, t, sequence_parallel=cfg.sequence_parallel,
-                                                            recompute=cfg.recompute)]
-    if cfg.sequence_parallel:       # a dp shard holds about 1/dp of them (exactly: its range of each bucket)
+    return [(c, n, 4 if "fp32" in what else _itemsize(cfg), k * cfg.grad_accum)
+            for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.micro_batch, cfg.tp,
+                                                             sequence_parallel=cfg.sequence_parallel,
+                                                             recompute=cfg.recompute)]
+
+
+def tp_step_calls(cfg: TrainConfig, world: int) -> list[tuple[str, int, int, int]]:
+    """The tensor-parallel collectives after backward: the sequence-parallel gradient sum (a dp
+    shard holds about 1/dp of those gradients; exactly, its range of each bucket) and the norm's sum."""
+    if cfg.tp == 1:
+        return []
+    out = []
+    if cfg.sequence_parallel:
         share = cfg.placement(world).dp if strategy(cfg).shard_optimizer else 1
-        out.append(("all_reduce", tensor_parallel.partial_grad_params(m) // share, size, 1))
+        out.append(("all_reduce", tensor_parallel.partial_grad_params(cfg.shape) // share, _itemsize(cfg), 1))
     return out + [("all_reduce", 1, 4, 1)]
+
+
+def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, list]]:
+    """(group, its ranks, its calls of one step): the dp group's, and the tp group's inside forward
+    and backward ("tp") and after it ("tp_step")."""
+    pl = cfg.placement(world)
+    return [("dp", pl.dp, calls(cfg, world, buckets)), ("tp", pl.tp, tp_calls(cfg)),
+            ("tp_step", pl.tp, tp_step_calls(cfg, world))]
+
+
+def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> str:
+    """The algorithm a collective runs: the configured one mapped to `collective` as
+    `ShardingConfig.algorithm_for` does (the tp groups': `TrainConfig.tp_algorithm`), or what "auto"
+    picks ("torch" stays "torch")."""
+    from ..comm import select
+    from ..comm.config import get_config
+    from ..parallel.stages import ShardingConfig
+    algo = ShardingConfig(algorithm=cfg.comm_algorithm).algorithm_for(collective) if group == "dp" \
+        else cfg.tp_algorithm
+    return select.choose(collective, n, nbytes, get_config().node_size(n)) if algo == "auto" else algo
 
 
 def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0) -> dict[str, int]:
@@ -107,13 +126,12 @@ def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank:
     "torch", the backend's own collective, as its ring twin `plan.comm_volume.BACKEND_TWIN`, which
     the traffic meter cannot see): the dp group's collectives and the tp group's."""
     from ..comm.config import get_config
-    pl = cfg.placement(world)
-    at = pl.coords(rank)
+    at = cfg.placement(world).coords(rank)
     sent = recv = 0
-    for n, r, group_calls in ((pl.dp, at["dp"], calls(cfg, world, buckets)), (pl.tp, at["tp"], tp_calls(cfg, world))):
-        rpn = get_config().node_size(n)
+    for group, n, group_calls in grouped_calls(cfg, world, buckets):
+        rpn, r = get_config().node_size(n), at["dp" if group == "dp" else "tp"]
         for collective, count, size, times in group_calls:
-            algo = formula(collective, _algorithm(cfg, collective, n, count * size))
+            algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
             v = volume(call_for(collective, algo, n, count, size, ranks_per_node=rpn), r)
             sent += times * v.bytes_sent
             recv += times * v.bytes_recv
@@ -122,13 +140,17 @@ def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank:
 
 def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> float:
     """Seconds of the step's collectives under this machine's calibrated α-β-γ model."""
+    return sum(call_seconds(cfg, group, collective, n, count * size) * times
+               for group, n, group_calls in grouped_calls(cfg, world, buckets)
+               for collective, count, size, times in group_calls)
+
+
+def call_seconds(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> float:
+    """One call's seconds under the calibrated α-β-γ model."""
     from ..comm import select
     from ..comm.config import get_config
-    pl = cfg.placement(world)
-    return sum(times * select.seconds(collective, _algorithm(cfg, collective, n, count * size), n,
-                                      count * size, get_config().node_size(n))
-               for n, group_calls in ((pl.dp, calls(cfg, world, buckets)), (pl.tp, tp_calls(cfg, world)))
-               for collective, count, size, times in group_calls)
+    return select.seconds(collective, algorithm(cfg, group, collective, n, nbytes), n, nbytes,
+                          get_config().node_size(n))
 
 
 def optimizer_shard(cfg: TrainConfig, world: int) -> float:

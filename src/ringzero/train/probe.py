@@ -64,9 +64,10 @@ def probe_steps(steps: int) -> list[int]:
     return sorted({round(i * steps / (points - 1)) for i in range(points)})
 
 
-def call_key(collective: str, elements: int, itemsize: int) -> str:
-    """The name of one probed collective in `Prober`'s output (and the JSON report)."""
-    return f"{collective}/{elements}x{itemsize}"
+def call_key(collective: str, elements: int, itemsize: int, group: str = "dp") -> str:
+    """The name of one probed collective in `Prober`'s output (and the JSON report); one outside the
+    dp group is prefixed with its group ("tp:", "tp_step:", `predict.grouped_calls`)."""
+    return ("" if group == "dp" else f"{group}:") + f"{collective}/{elements}x{itemsize}"
 
 
 def _shards(sizes: list[int], dt: torch.dtype, norm: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -75,6 +76,18 @@ def _shards(sizes: list[int], dt: torch.dtype, norm: float) -> tuple[list[torch.
     grads = [torch.randn(n) for n in sizes]
     scale = norm / math.sqrt(sum(float(g.square().sum()) for g in grads))
     return weights, [g.mul_(scale).to(dt) for g in grads]
+
+
+def _local_block(block: nn.Module, m, t: int) -> nn.Module:
+    """`block` cut to one tensor-parallel rank's matrices (Megatron's split: q, k, v and the first MLP
+    matrix by columns, the output projections by rows), without the collectives: the compute a tp
+    rank does, whose FLOPs are 1/t of the block's."""
+    if t == 1:
+        return block
+    h, f, bias = m.hidden, m.ffn_dim, m.bias
+    block.attn.qkv, block.attn.proj = nn.Linear(h, 3 * h // t, bias=bias), nn.Linear(h // t, h, bias=bias)
+    block.mlp.fc, block.mlp.proj = nn.Linear(h, f // t, bias=bias), nn.Linear(f // t, h, bias=bias)
+    return block
 
 
 def _seconds(fn, reps: int) -> float:
@@ -114,12 +127,12 @@ class Prober:
         self.queue = strategy.queue
         m = cfg.shape
         torch.manual_seed(0)
-        holder = nn.ModuleList([Block(m, cfg.attention, cfg.dropout).to(self.dtype)])
+        holder = nn.ModuleList([_local_block(Block(m, cfg.attention, cfg.dropout), m, cfg.tp).to(self.dtype)])
         apply_recompute(holder, cfg.recompute, (AttentionCore,))
         self.block = holder[0]
         self.x = torch.randn(cfg.micro_batch, m.seq, m.hidden).to(self.dtype).requires_grad_()
         self.grad = torch.randn_like(self.x)      # (b, s, h), dense as the next layer's gradient is
-        self.work = flops.layer_flops_per_token(m, cfg.recompute) * cfg.micro_batch * m.seq
+        self.work = flops.layer_flops_per_token(m, cfg.recompute) * cfg.micro_batch * m.seq / cfg.tp
         sizes, total = [], 0
         for shard in strategy.owned_weights():
             n = min(shard.numel(), OPT_MAX_PARAMS - total)
@@ -140,14 +153,18 @@ class Prober:
         self.warm = False
 
     def _calls(self) -> dict[str, object]:
-        st, world = self.strategy, self.strategy.topology.world
+        st, topo = self.strategy, self.strategy.topology
+        groups = {"dp": st.group, "tp": topo.tp_group, "tp_step": topo.tp_group}
+        algorithms = {"dp": st.config.algorithm_for, "tp": lambda _: self.cfg.tp_algorithm,
+                      "tp_step": lambda _: self.cfg.tp_algorithm}
         out = {}
-        for collective, elements, itemsize, _ in predict.calls(self.cfg, world, st.layout()):
-            key = call_key(collective, elements, itemsize)
-            dt = torch.float32 if itemsize == 4 else self.dtype
-            if key not in out:
-                out[key] = _collective(collective, elements, dt, st.topology.dp, st.group,
-                                       st.config.algorithm_for(collective))
+        for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout()):
+            for collective, elements, itemsize, _ in calls:
+                key = call_key(collective, elements, itemsize, group)
+                dt = torch.float32 if itemsize == 4 else self.dtype
+                if key not in out:
+                    out[key] = _collective(collective, elements, dt, n, groups[group],
+                                           algorithms[group](collective))
         return out
 
     def _pass(self) -> None:
@@ -175,13 +192,14 @@ class Prober:
         warmup = 0.0 if self.warm else self._warm_up()
         self.warm = True
         t0 = time.perf_counter()
-        if dist.is_initialized() and self.strategy.topology.dp > 1:
-            dist.barrier(self.strategy.group)
+        everyone = self.strategy.topology.dp_tp_group       # the whole grid
+        if dist.is_initialized() and self.strategy.topology.world > 1:
+            dist.barrier(everyone)
         rate = self.work / _seconds(self._pass, COMPUTE_REPS)
         opt_s = _seconds(lambda: self.opt.step(self.grads, divisor=self.divisor), OPT_REPS) / self.opt_params
         timed = {}
         if self.calls:                 # together again: no rank's first call waits for a slower one
-            dist.barrier(self.strategy.group)
+            dist.barrier(everyone)
             timed = self.queue.submit(_time_calls, self.calls).result()
         self.queue.drain()
         return {"flops": rate, "optimizer_s_per_param": opt_s, "comm": timed,

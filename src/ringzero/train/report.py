@@ -77,30 +77,35 @@ class Twin:
 
 
 def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> dict:
-    """One step's collectives: {"exposed": s, "in_compute": s (ZeRO-3's all-gathers, waited for
-    inside forward and backward), "source"}, from the in-run probe's seconds per call times the
-    planner's calls, or (when the probe did not time every call) the α-β-γ model's total, all exposed."""
-    calls = predict.calls(cfg, world, buckets)
+    """One step's collectives: {"exposed": s, "in_compute": s (ZeRO-3's all-gathers and the tensor-
+    parallel collectives, waited for inside forward and backward), "source"}, from the in-run probe's
+    seconds per call times the planner's calls, or (when the probe did not time every call) the
+    α-β-γ model's total, all exposed."""
     probed = rates.get("comm") or {}
-    keys = [call_key(c, n, size) for c, n, size, _ in calls]
-    if not (calls and all(k in probed for k in keys)):
-        return {"exposed": predict.comm_seconds(cfg, world, buckets), "in_compute": 0.0,
-                "source": "alpha-beta-gamma model"}
-    out = {"exposed": 0.0, "in_compute": 0.0, "source": "in-run probe"}
-    for k, (collective, _, _, times) in zip(keys, calls):
-        layer_gather = predict.strategy(cfg).shard_params and collective == "all_gather"
-        out["in_compute" if layer_gather else "exposed"] += times * probed[k]
+    grouped = predict.grouped_calls(cfg, world, buckets)
+    keys = [call_key(c, n, size, group) for group, _, calls in grouped for c, n, size, _ in calls]
+    source = "in-run probe" if keys and all(k in probed for k in keys) else "alpha-beta-gamma model"
+    out = {"exposed": 0.0, "in_compute": 0.0, "source": source}
+    for group, n, calls in grouped:
+        for collective, count, size, times in calls:
+            k = call_key(collective, count, size, group)
+            seconds = probed[k] if source == "in-run probe" else \
+                predict.call_seconds(cfg, group, collective, n, count * size)
+            inside = group == "tp" or (predict.strategy(cfg).shard_params and collective == "all_gather")
+            probed_inside = inside and source == "in-run probe"     # the model's total stays all exposed
+            out["in_compute" if probed_inside else "exposed"] += times * seconds
     return out
 
 
 def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> dict[str, float]:
     """The predicted phases of one step at the probed `rates` (see the module doc): "compute" is
-    "arithmetic" (the FLOPs at the probed rate) plus "in_compute" (ZeRO-3's all-gathers)."""
+    "arithmetic" (this rank's FLOPs at the probed rate: 1/t of the model's under tensor parallelism)
+    plus "in_compute" (ZeRO-3's all-gathers, the tensor-parallel collectives)."""
     m = cfg.shape
     n = param_count(m).total
     tokens = cfg.micro_batch * cfg.grad_accum * m.seq
     per_token = flops.step_flops_per_token(n, cfg.recompute, m)
-    arithmetic = per_token * tokens / rates["flops"]
+    arithmetic = per_token * tokens / cfg.tp / rates["flops"]      # tensor parallelism splits the FLOPs
     comm = comm_seconds(cfg, world, buckets, rates)
     compute = arithmetic + comm["in_compute"]
     optimizer = predict.optimizer_shard(cfg, world) * rates["optimizer_s_per_param"]
