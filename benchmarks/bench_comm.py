@@ -39,7 +39,7 @@ from rich.table import Table
 from ringzero.bench.comm import measure
 from ringzero.bench.comm_ranks import Job
 from ringzero.bench.comm_report import describe_model, make_console
-from ringzero.comm import cost, select
+from ringzero.comm import cost, registry, select
 from ringzero.comm.cost import Calibration
 
 MiB = 1 << 20
@@ -138,7 +138,7 @@ def run(args, console: Console) -> dict:
     """The three measurements and their analysis, as plain data."""
     t0, phases = time.time(), {}
     worlds, rpn = range(2, args.nproc + 1), args.ranks_per_node
-    algs = select.implemented("all_reduce")
+    algs = registry.algorithms("all_reduce")
     console.print(f"[bold]1/3[/bold] ring vs torch all-reduce on {args.nproc} ranks ...")
     rvt = ring_vs_torch(args.nproc, args.ring_reps)
     phases["ring_vs_torch"] = time.time() - t0
