@@ -28,7 +28,7 @@ def _run(group, kw):
     r = train_rank(TrainConfig(**{**BASE, **kw}), keep_params=True, group=group, calibrate=False)
     sent = sum(op["bytes_sent"] for op in r.traffic["ops"].values())
     params = {k.replace(".inner", ""): v for k, v in r.params.items()}    # recomputation's wrappers
-    return r.rank, r.losses, params, sent, r.buckets, r.held
+    return r.rank, r.losses, params, sent, r.buckets, r.held, r.sp_elements
 
 
 def _close(a: float, b: float) -> bool:
@@ -52,19 +52,21 @@ def test_tensor_parallel_training_equals_data_parallel_and_its_twins(pool):
     for kw, world in CASES:
         cfg = TrainConfig(**{**BASE, **kw})
         out = pool.run(_run, kw, world=world)
-        _, ref_losses, ref_params, _, _, _ = refs[world // cfg.tp]
-        for rank, losses, params, sent, buckets, held in out:
+        if cfg.sequence_parallel:      # the dp ranks' shares of the LayerNorm and bias gradients add up
+            pl = cfg.placement(world)
+            owned = sum(r[-1] for r in out if pl.coords(r[0])["tp"] == 0)
+            if owned != tensor_parallel.partial_grad_params(cfg.shape):
+                bad.append(f"{kw}: sequence-parallel gradients owned {owned}")
+        _, ref_losses, ref_params, *_ = refs[world // cfg.tp]
+        for rank, losses, params, sent, buckets, held, sp_elements in out:
             if not all(_close(a, b) for a, b in zip(losses, ref_losses)):
                 bad.append(f"{kw} rank {rank}: losses {losses} != {ref_losses}")
             for name, ref in ref_params.items():
                 if not all(abs(a - b) <= ATOL_PARAMS + RTOL * abs(b) for a, b in zip(params[name], ref)):
                     bad.append(f"{kw} rank {rank}: parameter {name} differs")
                     break
-            twin = predict.traffic(cfg, world, buckets, rank)["bytes_sent"]
-            # exact, except the sequence-parallel gradient sum under ZeRO, which the planner takes as
-            # 1/dp of the LayerNorm and bias gradients where a rank owns its range of each bucket
-            inexact = cfg.sequence_parallel and cfg.strategy != "dp"
-            if sent != twin and not (inexact and abs(sent - twin) <= 1e-3 * twin):
+            twin = predict.traffic(cfg, world, buckets, rank, sp_elements)["bytes_sent"]
+            if sent != twin:
                 bad.append(f"{kw} rank {rank}: bytes sent {sent} != planner {twin}")
             if sum(n for n, _ in buckets) != tensor_parallel.local_params(cfg.shape, cfg.tp):
                 bad.append(f"{kw} rank {rank}: {sum(n for n, _ in buckets)} parameters in the buckets")

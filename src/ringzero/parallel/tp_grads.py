@@ -103,6 +103,11 @@ class TensorParallelGrads:
         first = topology.tp_rank == 0
         self.counted = _ranges(strategy, lambda p: first or tp_param_kind(p) is TPParamKind.SHARDED)
 
+    @property
+    def partial_elements(self) -> int:
+        """Elements `sync` sums per step (this rank's ranges of the sequence-parallel gradients)."""
+        return sum(s.stop - s.start for ranges in self.partial for s in ranges)
+
     def sync(self, grads: list[torch.Tensor]) -> None:
         """Sum the sequence-parallel ranges of `grads` (one per bucket) over the tp group, in place."""
         _sum_over_tp([g[s] for g, ranges in zip(grads, self.partial) for s in ranges], self.topology,

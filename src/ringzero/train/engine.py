@@ -59,6 +59,9 @@ class RankResult:
     """The fp16 loss scale after the latest step (1 otherwise)."""
     params: dict[str, list[float]] | None = None
     buckets: list[tuple[int, bool]] = field(default_factory=list)
+    sp_elements: int | None = None
+    """Sequence parallelism: this rank's share of the LayerNorm and bias gradients it sums over tp
+    (from the bucket layout, as `buckets`); None otherwise."""
     probe: dict = field(default_factory=dict)
     """The rates the step-time prediction uses: the median over `probes` (`probe.median_rates`)."""
     probes: list[dict] = field(default_factory=list)
@@ -142,7 +145,7 @@ class Trainer:
         res = RankResult(rank=self.topo.rank)
         phases, totals = [], []
         points = set(probe_steps(c.steps)) if calibrate else set()
-        prober, start = Prober(c, self.strategy) if points else None, time.perf_counter()
+        prober, start = Prober(c, self.strategy, self.tp_grads.partial_elements) if points else None, time.perf_counter()
         for step in range(c.steps):
             if step in points:
                 res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
@@ -169,6 +172,7 @@ class Trainer:
         res.step_time = statistics.median(res.step_times)
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
         res.buckets = self.strategy.layout()
+        res.sp_elements = self.tp_grads.partial_elements if self.cfg.sequence_parallel else None
         res.probe = median_rates(res.probes) if res.probes else {}
         if keep_params:
             res.params = self.full_params()

@@ -89,24 +89,28 @@ def tp_calls(cfg: TrainConfig) -> list[tuple[str, int, int, int]]:
                                                              recompute=cfg.recompute)]
 
 
-def tp_step_calls(cfg: TrainConfig, world: int) -> list[tuple[str, int, int, int]]:
-    """The tensor-parallel collectives after backward: the sequence-parallel gradient sum (a dp
-    shard holds about 1/dp of those gradients; exactly, its range of each bucket) and the norm's sum."""
+def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) -> list[tuple[str, int, int, int]]:
+    """The tensor-parallel collectives after backward: the sequence-parallel gradient sum over what
+    this rank owns of the LayerNorm and bias gradients (`sp_elements`, from the bucket layout as
+    `TensorParallelGrads.partial_elements`; None: 1/dp of them under ZeRO, all otherwise) and the
+    norm's sum."""
     if cfg.tp == 1:
         return []
     out = []
     if cfg.sequence_parallel:
         share = cfg.placement(world).dp if strategy(cfg).shard_optimizer else 1
-        out.append(("all_reduce", tensor_parallel.partial_grad_params(cfg.shape) // share, _itemsize(cfg), 1))
+        n = tensor_parallel.partial_grad_params(cfg.shape) // share if sp_elements is None else sp_elements
+        out += [("all_reduce", n, _itemsize(cfg), 1)] if n else []
     return out + [("all_reduce", 1, 4, 1)]
 
 
-def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, list]]:
+def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
+                  sp_elements: int | None = None) -> list[tuple[str, int, list]]:
     """(group, its ranks, its calls of one step): the dp group's, and the tp group's inside forward
     and backward ("tp") and after it ("tp_step")."""
     pl = cfg.placement(world)
     return [("dp", pl.dp, calls(cfg, world, buckets)), ("tp", pl.tp, tp_calls(cfg)),
-            ("tp_step", pl.tp, tp_step_calls(cfg, world))]
+            ("tp_step", pl.tp, tp_step_calls(cfg, world, sp_elements))]
 
 
 def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> str:
@@ -121,14 +125,15 @@ def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int
     return select.choose(collective, n, nbytes, get_config().node_size(n)) if algo == "auto" else algo
 
 
-def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0) -> dict[str, int]:
+def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0,
+            sp_elements: int | None = None) -> dict[str, int]:
     """Bytes `rank` sends and receives in one step ("auto" resolved exactly as `ringzero.comm` does;
     "torch", the backend's own collective, as its ring twin `plan.comm_volume.BACKEND_TWIN`, which
     the traffic meter cannot see): the dp group's collectives and the tp group's."""
     from ..comm.config import get_config
     at = cfg.placement(world).coords(rank)
     sent = recv = 0
-    for group, n, group_calls in grouped_calls(cfg, world, buckets):
+    for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements):
         rpn, r = get_config().node_size(n), at["dp" if group == "dp" else "tp"]
         for collective, count, size, times in group_calls:
             algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
@@ -138,10 +143,11 @@ def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank:
     return {"bytes_sent": sent, "bytes_recv": recv}
 
 
-def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> float:
+def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
+                 sp_elements: int | None = None) -> float:
     """Seconds of the step's collectives under this machine's calibrated α-β-γ model."""
     return sum(call_seconds(cfg, group, collective, n, count * size) * times
-               for group, n, group_calls in grouped_calls(cfg, world, buckets)
+               for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements)
                for collective, count, size, times in group_calls)
 
 

@@ -121,10 +121,10 @@ def _time_calls(calls: dict[str, object]) -> dict[str, float]:
 class Prober:
     """This rank's probes for one run of `cfg` under `strategy` (see the module doc)."""
 
-    def __init__(self, cfg: TrainConfig, strategy) -> None:
+    def __init__(self, cfg: TrainConfig, strategy, sp_elements: int | None = None) -> None:
         from .model import AttentionCore, Block
         self.cfg, self.strategy, self.dtype = cfg, strategy, dtype_of(cfg.precision)
-        self.queue = strategy.queue
+        self.queue, self.sp_elements = strategy.queue, sp_elements
         m = cfg.shape
         torch.manual_seed(0)
         holder = nn.ModuleList([_local_block(Block(m, cfg.attention, cfg.dropout), m, cfg.tp).to(self.dtype)])
@@ -158,7 +158,7 @@ class Prober:
         algorithms = {"dp": st.config.algorithm_for, "tp": lambda _: self.cfg.tp_algorithm,
                       "tp_step": lambda _: self.cfg.tp_algorithm}
         out = {}
-        for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout()):
+        for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout(), self.sp_elements):
             for collective, elements, itemsize, _ in calls:
                 key = call_key(collective, elements, itemsize, group)
                 dt = torch.float32 if itemsize == 4 else self.dtype

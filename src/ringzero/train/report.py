@@ -76,13 +76,14 @@ class Twin:
         return {"predicted": self.predicted, "measured": self.measured, "unit": self.unit, "error": self.error}
 
 
-def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> dict:
+def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict,
+                 sp_elements: int | None = None) -> dict:
     """One step's collectives: {"exposed": s, "in_compute": s (ZeRO-3's all-gathers and the tensor-
     parallel collectives, waited for inside forward and backward), "source"}, from the in-run probe's
     seconds per call times the planner's calls, or (when the probe did not time every call) the
     α-β-γ model's total, all exposed."""
     probed = rates.get("comm") or {}
-    grouped = predict.grouped_calls(cfg, world, buckets)
+    grouped = predict.grouped_calls(cfg, world, buckets, sp_elements)
     keys = [call_key(c, n, size, group) for group, _, calls in grouped for c, n, size, _ in calls]
     source = "in-run probe" if keys and all(k in probed for k in keys) else "alpha-beta-gamma model"
     out = {"exposed": 0.0, "in_compute": 0.0, "source": source}
@@ -97,7 +98,8 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     return out
 
 
-def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> dict[str, float]:
+def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict,
+                 sp_elements: int | None = None) -> dict[str, float]:
     """The predicted phases of one step at the probed `rates` (see the module doc): "compute" is
     "arithmetic" (this rank's FLOPs at the probed rate: 1/t of the model's under tensor parallelism)
     plus "in_compute" (ZeRO-3's all-gathers, the tensor-parallel collectives)."""
@@ -106,7 +108,7 @@ def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     tokens = cfg.micro_batch * cfg.grad_accum * m.seq
     per_token = flops.step_flops_per_token(n, cfg.recompute, m)
     arithmetic = per_token * tokens / cfg.tp / rates["flops"]      # tensor parallelism splits the FLOPs
-    comm = comm_seconds(cfg, world, buckets, rates)
+    comm = comm_seconds(cfg, world, buckets, rates, sp_elements)
     compute = arithmetic + comm["in_compute"]
     optimizer = predict.optimizer_shard(cfg, world) * rates["optimizer_s_per_param"]
     return {"arithmetic": arithmetic, "in_compute": comm["in_compute"], "compute": compute,
@@ -127,7 +129,7 @@ def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> di
     spread ((max - min) / median) of the rates, of those predictions and of the measured steps
     ("measured_step"), and what probing cost against the steps' time."""
     res = _busiest(results)
-    points = [{**p, "predicted": step_seconds(cfg, world, res.buckets, p)} for p in res.probes]
+    points = [{**p, "predicted": step_seconds(cfg, world, res.buckets, p, res.sp_elements)} for p in res.probes]
     if not points:
         return {"points": [], "spread": {}, "cost_s": 0.0, "cost_fraction": 0.0}
     spread = {k: _stats([p[k] for p in points]) for k in ("flops", "optimizer_s_per_param")}
@@ -142,10 +144,10 @@ def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> di
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
     busiest = _busiest(results)
     states = predict.states(cfg, world)
-    sent = [predict.traffic(cfg, world, r.buckets, r.rank) for r in results]
+    sent = [predict.traffic(cfg, world, r.buckets, r.rank, r.sp_elements) for r in results]
     total_sent = [sum(op["bytes_sent"] for op in r.traffic.get("ops", {}).values()) for r in results]
     total_recv = [sum(op["bytes_recv"] for op in r.traffic.get("ops", {}).values()) for r in results]
-    steps = step_seconds(cfg, world, busiest.buckets, busiest.probe)
+    steps = step_seconds(cfg, world, busiest.buckets, busiest.probe, busiest.sp_elements)
     tokens = cfg.global_batch(world) * cfg.shape.seq
     rows = [
         Twin("parameters held", states["params"], max(r.held["params"] for r in results), "bytes"),
@@ -179,10 +181,10 @@ def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[
             "losses": r0.losses, "val": [{"step": s, "loss": v} for s, v in r0.val],
             "error_definition": ERROR_DEFINITION,
             "twins": {t.name: t.to_json() for t in rows}, "skipped_steps": r0.skipped,
-            "predicted_phases": step_seconds(cfg, world, busiest.buckets, rates),
+            "predicted_phases": step_seconds(cfg, world, busiest.buckets, rates, busiest.sp_elements),
             "probe": rates, "probes": probes or probe_summary(cfg, world, results),
-            "communication_model": comm_seconds(cfg, world, busiest.buckets, rates)["source"],
-            "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets),
+            "communication_model": comm_seconds(cfg, world, busiest.buckets, rates, busiest.sp_elements)["source"],
+            "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets, busiest.sp_elements),
             "ranks": [_rank_json(r) for r in results]}
 
 
