@@ -64,7 +64,7 @@ class Space:
 
     zero: tuple[int, ...] = (0, 1, 2, 3)
     micro_batches: tuple[int, ...] = (1, 2, 4, 8, 16)
-    recompute: tuple[str, ...] = ("none", "selective", "full")
+    recompute: tuple[str, ...] = RECOMPUTES
     sequence_parallel: tuple[bool, ...] = (False, True)
     """Only tried when tp > 1 (tp = 1 runs without)."""
     offload: tuple[str, ...] = ("none",)

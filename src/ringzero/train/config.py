@@ -9,12 +9,14 @@ from dataclasses import dataclass
 
 from ..comm import registry
 from ..plan.config import PRECISIONS, RECOMPUTES
+from ..plan import sharding
 from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
 
-STRATEGIES = ("single", "dp", "zero1", "zero2", "zero3")
+STRATEGIES = ("single", *sharding.STRATEGIES)
+"""`plan.sharding`'s data-parallel strategies, and "single": DP on one rank."""
 ATTENTIONS = ("eager", "sdpa")
 """eager materialises the s x s scores; sdpa is torch's scaled_dot_product_attention."""
 
