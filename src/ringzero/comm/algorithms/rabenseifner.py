@@ -79,42 +79,33 @@ def _folded_in(c, buf, count: int, f: Fold):
     return scratch
 
 
-def _start(c, buf, bounds, whole: bool):
-    """The opening both collectives share: (count, fold, scratch) for a rank that takes part in the
-    power-of-two exchange, None for one rank alone or a rank folded out (which then has its result:
-    its own chunk, or with `whole` the whole buffer)."""
+def _halve(c, buf, bounds, whole: bool) -> None:
+    """Both collectives: fold the ranks beyond the largest power of two in, recursive halving (the
+    reduce-scatter), with `whole` recursive doubling too (the all-gather), then hand the folded-out
+    rank its result: its own chunk, or with `whole` the whole buffer."""
     n, r = c.size, c.rank
     if n == 1:
-        return None
+        return
     count = bounds[n]
     f = Fold(n, r)
     if f.extra:
-        folded_out(c, buf, count, *((0, count) if whole else (bounds[r], bounds[r + 1])))
-        return None
-    return count, f, _folded_in(c, buf, count, f)
+        return folded_out(c, buf, count, *((0, count) if whole else (bounds[r], bounds[r + 1])))
+    scratch = _folded_in(c, buf, count, f)
+    if whole:
+        sb = chunk_bounds(count, f.p)
+        scatter_halving(c, buf, sb, f, scratch)
+        gather_doubling(c, buf, sb, f)
+    else:
+        scatter_halving(c, buf, [bounds[f.first(v)] for v in range(f.p + 1)], f, scratch)
+    if f.keeper:
+        c.sendrecv([(r - 1, buf[:count] if whole else buf[bounds[r - 1]:bounds[r]])])
 
 
 def reduce_scatter(c, buf, bounds) -> None:
     """Recursive halving over uneven, rank-indexed chunks (fold as in the module doc)."""
-    start = _start(c, buf, bounds, whole=False)
-    if start is None:
-        return
-    count, f, scratch = start
-    r = c.rank
-    scatter_halving(c, buf, [bounds[f.first(v)] for v in range(f.p + 1)], f, scratch)
-    if f.keeper:
-        c.sendrecv([(r - 1, buf[bounds[r - 1]:bounds[r]])])
+    _halve(c, buf, bounds, whole=False)
 
 
 def all_reduce(c, buf, bounds) -> None:
     """Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather."""
-    start = _start(c, buf, bounds, whole=True)
-    if start is None:
-        return
-    count, f, scratch = start
-    r = c.rank
-    sb = chunk_bounds(count, f.p)
-    scatter_halving(c, buf, sb, f, scratch)
-    gather_doubling(c, buf, sb, f)
-    if f.keeper:
-        c.sendrecv([(r - 1, buf[:count])])
+    _halve(c, buf, bounds, whole=True)
