@@ -164,8 +164,8 @@ def test_max_tp_and_space_restrict_the_enumeration():
     (dict(zero=(4,)), "zero"), (dict(zero=()), "zero"), (dict(zero="0123"), "zero"),
     (dict(micro_batches=(0,)), "micro_batches"), (dict(micro_batches=(1.5,)), "micro_batches"),
     (dict(recompute=("partial",)), "recompute"), (dict(sequence_parallel=(1,)), "sequence_parallel"),
-    (dict(offload=("disk",)), "offload"), (dict(schedules=("interleaved",)), "schedules"),
-    (dict(max_tp=0), "max_tp"), (dict(max_tp=2.0), "max_tp"),
+    (dict(offload=("disk",)), "offload"), (dict(schedules=("zero-bubble",)), "schedules"),
+    (dict(virtual_stages=0), "virtual_stages"), (dict(max_tp=0), "max_tp"), (dict(max_tp=2.0), "max_tp"),
 ])
 def test_bad_space_values_raise_naming_the_field(kw, field):
     with pytest.raises(ValueError, match=field) as err:

@@ -227,7 +227,9 @@ def test_3d_example_32_gpus():
     local = math.ceil(param_count(m).total / 16)
     assert e.comm_bytes("dp") == 2 * (2 - 1) / 2 * local * 2
     assert e.comm_bytes("tp") == 4 * 2 * 3 / 4 * 4 * 2048 * 4096 * 2 * (32 // 4)   # 8 layers per stage
-    assert e.comm_bytes("pp") == 2 * 4 * 2048 * 4096 * 2                           # a middle stage
+    # A middle stage's tp rank sends its 1/t slice of each activation and gradient (Narayanan et al.
+    # 2021 §4.1's scatter/gather).
+    assert e.comm_bytes("pp") == 2 * 4 * 2048 * 4096 * 2 // 4
     links = {o.kind: ("network" if o.spans_nodes else "nvlink") for o in e.ops}
     # tp=4 ranks are neighbours (NVLink); dp strides by 4 and still fits a node of 8; pp crosses nodes.
     assert links == {"dp": "nvlink", "tp": "nvlink", "pp": "network"}

@@ -20,7 +20,7 @@ import re
 from ..errors import usage
 from ..plan import config
 from ..plan.config import Parallel, Training
-from ..plan.estimate import estimate, to_dict
+from ..plan.estimate import check, estimate, to_dict
 from ..plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
 from ..plan.presets import MODELS, TRAINED_TOKENS, model
 from ..plan.recommend import recommend
@@ -75,7 +75,9 @@ def add_arguments(parser) -> None:
     a("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
     a("--offload", default="none", help=f"{', '.join(config.OFFLOADS)} (default none)")
     a("--sequence-parallel", action="store_true")
-    a("--schedule", default="1f1b", help=f"{', '.join(config.SCHEDULES)} (default 1f1b)")
+    a("--schedule", default="1f1b", help=f"pipeline schedule: {', '.join(config.SCHEDULES)} (default 1f1b)")
+    a("--virtual-stages", type=int, default=1, metavar="V",
+      help="model chunks per pipeline rank, with --schedule interleaved (default 1)")
     a("--recompute", default="none", help=f"{', '.join(config.RECOMPUTES)} (default none)")
     a("--flash-attention", action="store_true")
     a("--dp-algorithm", default="auto", help=f"{', '.join(config.DP_ALGORITHMS)} (default auto)")
@@ -145,7 +147,7 @@ def build_parallel(args, m: ModelShape) -> Parallel:
                              f"--gpus {args.gpus} (or leave out --dp)")
     return Parallel(dp=dp or 1, tp=tp, pp=pp, zero=args.zero, offload=args.offload,
                     sequence_parallel=args.sequence_parallel, schedule=args.schedule,
-                    recompute=args.recompute, flash_attention=args.flash_attention,
+                    virtual_stages=args.virtual_stages, recompute=args.recompute, flash_attention=args.flash_attention,
                     dp_algorithm=args.dp_algorithm, bucket_mb=args.bucket_mb)
 
 
@@ -207,7 +209,7 @@ def run_recommend(e):
 
 _FIELD_FLAGS = {"hbm_bytes": "--hbm", **{f: "--" + f.replace("_", "-") for f in (
     "micro_batch", "global_batch", "tokens", "precision", "optimizer", "zero", "offload",
-    "sequence_parallel", "schedule", "recompute", "dp_algorithm", "bucket_mb", "mfu", "gpus_per_node",
+    "sequence_parallel", "schedule", "virtual_stages", "recompute", "dp_algorithm", "bucket_mb", "mfu", "gpus_per_node",
     "intra_bw", "inter_bw")}}
 
 
@@ -220,6 +222,15 @@ def as_flag(exc: ValueError) -> ValueError:
     return exc
 
 
+def _check_interleaved(tr: Training, par: Parallel) -> None:
+    """The interleaved schedule's groups of pp micro-batches, as flags: the planner's own message
+    counts micro-batches, which the command line sets through --global-batch."""
+    if par.schedule == "interleaved" and par.pp > 1 and tr.accumulation(par.dp) % par.pp:
+        need = tr.micro_batch * par.dp * par.pp
+        raise ValueError(f"--schedule interleaved runs the micro-batches in groups of pp: --global-batch "
+                         f"({tr.sequences_per_step(par.dp)}) must be a multiple of micro-batch x dp x pp = {need}")
+
+
 def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
     """The checked model, training, split and hardware the flags describe (ValueError naming the
     flag otherwise)."""
@@ -227,7 +238,8 @@ def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
     try:
         tr = build_training(args)
         par, hw = build_parallel(args, m), build_hardware(args)
-        tr.accumulation(par.dp)          # the global batch against micro-batch x dp
+        _check_interleaved(tr, par)
+        check(m, tr, par)                # the global batch against micro-batch x dp; the schedule
     except ValueError as exc:
         raise as_flag(exc) from None
     n, k = par.gpus, hw.gpus_per_node

@@ -16,6 +16,7 @@ from ..plan import flops
 from ..plan.compare import strategy_comparison
 from ..plan.estimate import Estimate
 from ..plan.memory import state_bytes
+from ..plan.search_why import schedule_label
 from ..plan.shapes import approx_params
 from ..plan.step_time import op_seconds
 from ..plan.words import gpus, plural
@@ -87,7 +88,7 @@ def inputs(e: Estimate, tokens_from: str) -> Table:
               f"{plural(tr.sequences_per_step(p.dp), 'sequence')} ({micro} per rank), {short(e.tokens)} tokens "
               f"({tokens_from}), {tr.precision}, {tr.optimizer}, dropout {tr.dropout}")
     t.add_row("parallel", f"{gpus(p.gpus)} = dp {p.dp} x tp {p.tp} x pp {p.pp}; ZeRO-{p.zero}, offload "
-              f"{p.offload}, sequence-parallel {p.sequence_parallel}, schedule {p.schedule}, "
+              f"{p.offload}, sequence-parallel {p.sequence_parallel}, schedule {schedule_label(p)}, "
               f"recompute {p.recompute}, flash-attention {p.flash_attention}, dp-algorithm "
               f"{p.dp_algorithm}, buckets {p.bucket_mb:g} MiB")
     t.add_row("hardware", f"{hw.name}: {hw.peak_flops / 1e12:g} TFLOP/s peak, HBM {gb(hw.hbm_bytes)} GB "
@@ -181,7 +182,7 @@ def timing(e: Estimate) -> Table:
     t.add_row("communication (all)", seconds(s.comm), kinds)
     t.add_row("communication (exposed)", seconds(s.exposed_comm), "not hidden behind compute")
     t.add_row("pipeline bubble", seconds(s.bubble), f"{s.bubble_fraction:.1%} of the pipeline "
-              f"({e.parallel.schedule})" if e.parallel.pp > 1 else "")
+              f"({schedule_label(e.parallel)})" if e.parallel.pp > 1 else "")
     t.add_row("offload", seconds(s.offload), e.parallel.offload if s.offload else "")
     t.add_row("step", seconds(s.step), plural(e.tokens_per_step, "token", spec=","), style="bold")
     t.add_row("tokens/s", num(e.tokens_per_s), f"{num(e.tokens_per_s / e.parallel.gpus)} per GPU")

@@ -28,12 +28,18 @@ Recomputation: "selective" drops the s x s terms (they are recomputed from Q and
 34·sbh/t with sequence parallelism); "full" keeps only each block's input (2·sbh, /t with
 sequence parallelism) and re-runs the block in backward, when one block's activations are live
 again at once (`activation_bytes` adds that working set).
+
+Pipelines: a stage holds the activations of the micro-batches its schedule has started and not yet
+finished backward, counted by playing the schedule itself (`plan.pipeline.inflight`): m under
+GPipe, min(p - i, m) under 1F1B on stage i, and more on the first stages under the interleaved
+schedule, in chunks of ceil(L/(p·v)) blocks (Narayanan et al. 2021 §2.2).
 """
 
 from __future__ import annotations
 
 import math
 
+from . import pipeline
 from .shapes import ModelShape
 
 KORTHIKANTI_SBH = 34
@@ -89,24 +95,39 @@ def layer_bytes(m: ModelShape, b: int, s: int, **kw) -> float:
     return sum(layer_terms(m, b, s, **kw).values())
 
 
-def inflight_microbatches(pp: int, microbatches: int, schedule: str) -> int:
-    """Micro-batches whose activations the first stage holds at once: all of them with GPipe,
-    at most pp with 1F1B (Narayanan et al. 2021, §2.2)."""
+def inflight_microbatches(pp: int, microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1,
+                          stage: int = 0) -> int:
+    """Micro-batches (chunk micro-batches when interleaved) whose activations pipeline stage `stage`
+    holds at its peak, from the schedule's own order of forwards and backwards
+    (`plan.pipeline.inflight`): all m with GPipe, min(p - i, m) with 1F1B (Narayanan et al. 2021
+    §2.2), and with the interleaved schedule the longer warm-up's 2(p - i - 1) + (v - 1)·p + 1 on
+    the first stages (§2.2.2). Without a pipeline one: gradient accumulation frees each
+    micro-batch's activations in its backward."""
     if pp == 1:
         return 1
-    return microbatches if schedule == "gpipe" else min(pp, microbatches)
+    return pipeline.inflight(stage, pp, microbatches, schedule, virtual_stages)
+
+
+def stage_activation_layers(layers: int, pp: int, microbatches: int, schedule: str = "1f1b",
+                            virtual_stages: int = 1, stage: int = 0) -> int:
+    """Blocks x micro-batches whose activations stage `stage` holds at its peak: the in-flight
+    (chunk) micro-batches times ceil(L/(p·v)) blocks per chunk (with v = 1, ceil(L/p) per stage)."""
+    v = virtual_stages if schedule == "interleaved" else 1
+    per_chunk = math.ceil(layers / (pp * v))
+    return per_chunk * inflight_microbatches(pp, microbatches, schedule, v, stage)
 
 
 def activation_bytes(m: ModelShape, b: int, s: int, *, pp: int = 1, microbatches: int = 1,
-                     schedule: str = "1f1b", recompute: str = "none", **kw) -> float:
-    """Peak bytes of activations on the busiest GPU (the first pipeline stage).
+                     schedule: str = "1f1b", recompute: str = "none", virtual_stages: int = 1,
+                     stage: int = 0, **kw) -> float:
+    """Peak bytes of activations on pipeline stage `stage` (by default the first, the busiest:
+    every schedule holds the most there).
 
-    ceil(L/pp) blocks x the micro-batches in flight, plus, with full recomputation, one block's
+    `stage_activation_layers` blocks' worth, plus, with full recomputation, one block's
     activations rebuilt during its backward. Embedding and loss tensors are not included: they
     are O(sbh + sbV) once, not per layer (`head_bytes`).
     """
-    layers = math.ceil(m.layers / pp)
-    held = layers * inflight_microbatches(pp, microbatches, schedule)
+    held = stage_activation_layers(m.layers, pp, microbatches, schedule, virtual_stages, stage)
     total = held * layer_bytes(m, b, s, recompute=recompute, **kw)
     if recompute == "full":
         total += layer_bytes(m, b, s, recompute="none", **kw)

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .algorithms import AUTO, names
+from .pipeline import SCHEDULES
 from .placement import Placement
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "sgd-momentum")
 OFFLOADS = ("none", "cpu", "nvme")
-SCHEDULES = ("gpipe", "1f1b")
 RECOMPUTES = ("none", "selective", "full")
 DP_ALGORITHMS = (AUTO,) + names("all_reduce")
 
@@ -90,7 +90,11 @@ class Parallel:
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout split over the tp ranks (needs tp > 1)."""
     schedule: str = "1f1b"
-    """Pipeline schedule: "gpipe" (all micro-batches in flight) or "1f1b" (at most pp)."""
+    """Pipeline schedule (`plan.pipeline`): "gpipe" (all micro-batches in flight), "1f1b" (at most
+    pp) or "interleaved" (1F1B over `virtual_stages` model chunks per rank: a bubble v times
+    smaller for more activations on the first stages and v times the point-to-point messages)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (Narayanan et al. 2021 §2.2.2); > 1 only with "interleaved"."""
     recompute: str = "none"
     """Activation recomputation: "none", "selective" (attention core) or "full" (whole block)."""
     flash_attention: bool = False
@@ -114,8 +118,18 @@ class Parallel:
             raise ValueError(f"offload={self.offload!r} needs zero >= 1 (ZeRO-Offload shards the optimizer)")
         if self.sequence_parallel and self.tp == 1:
             raise ValueError("sequence_parallel needs tp > 1")
+        self._check_pipeline()
         if not self.bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
+
+    def _check_pipeline(self) -> None:
+        v = self.virtual_stages
+        if type(v) is not int or v < 1:
+            raise ValueError(f"virtual_stages must be an integer >= 1, got {v!r}")
+        if v > 1 and self.schedule != "interleaved":
+            raise ValueError(f"virtual_stages={v} needs schedule 'interleaved', not {self.schedule!r}")
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise ValueError("schedule='interleaved' needs pp > 1 (it interleaves the stages' model chunks)")
 
     @property
     def gpus(self) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from . import flops
+from . import flops, pipeline
 from .config import Parallel, Training
 from .hardware import Hardware
 from .memory import Memory, memory
@@ -71,9 +71,17 @@ class Estimate:
         return sum(o.bytes_sent for o in self.ops if o.kind == kind)
 
 
+def check(m: ModelShape, tr: Training, par: Parallel) -> None:
+    """A one-line ValueError when this configuration cannot run: a global batch that micro_batch x dp
+    does not divide, or a pipeline its schedule cannot run (`plan.pipeline.check`: more model
+    chunks than layers, or an interleaved schedule whose micro-batches are not a multiple of pp)."""
+    micro = tr.accumulation(par.dp)
+    pipeline.check(par.pp, m.layers, micro, par.schedule, par.virtual_stages)
+
+
 def estimate(m: ModelShape, tr: Training, par: Parallel, hw: Hardware, *, days: float | None = None) -> Estimate:
-    """Plan configuration (`m`, `tr`, `par`) on `hw`."""
-    tr.accumulation(par.dp)      # validates the global batch against micro_batch x dp
+    """Plan configuration (`m`, `tr`, `par`) on `hw` (ValueError when it cannot run: `check`)."""
+    check(m, tr, par)
     params = param_count(m)
     tokens = tr.tokens if tr.tokens is not None else 20.0 * params.total
     ops = tuple(comm_ops(m, tr, par, hw))

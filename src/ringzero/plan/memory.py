@@ -22,7 +22,8 @@ states to CPU memory or NVMe: they leave the GPU total and appear as `offloaded`
 Buffers: DP and ZeRO-1/2 keep two gradient buckets (one filling while the other is reduced;
 DDP's `bucket_cap_mb`, 25 MiB by default); ZeRO-3 holds the gathered weights of the current and
 the prefetched layer plus the current layer's full gradient before its reduce-scatter (FSDP's
-limit of one layer in flight); a pipeline stage holds one send and one receive activation buffer.
+limit of one layer in flight); a pipeline stage holds one send and one receive activation buffer,
+1/t of a micro-batch's activation per tensor-parallel rank (`pipeline.boundary_bytes`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from . import activations as act
+from . import pipeline
 from .config import Parallel, Training
 from .shapes import ModelShape, param_count
 
@@ -118,9 +120,8 @@ def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> int:
         buffers = min(2 * par.bucket_mb * MiB, grads)
     else:
         buffers = 0.0
-    if par.pp > 1:
-        split = par.tp if par.sequence_parallel else 1
-        buffers += 2 * tr.micro_batch * m.seq * m.hidden * tr.bytes_per_value / split
+    if par.pp > 1:      # one micro-batch each way: one send and one receive buffer
+        buffers += pipeline.boundary_bytes(1, tr.micro_batch, m.seq, m.hidden, tr.bytes_per_value, par.tp)
     return math.ceil(buffers)
 
 
@@ -130,21 +131,21 @@ def memory(m: ModelShape, tr: Training, par: Parallel) -> Memory:
     params, grads, optimizer, offloaded = model_states(
         n, state_bytes(tr.precision, tr.optimizer), par.dp, par.zero, par.tp, par.pp, par.offload)
     activations = _activations(m, tr.micro_batch, tr.accumulation(par.dp), tr.bytes_per_value, tr.dropout,
-                               par.pp, par.schedule, par.recompute, par.flash_attention, par.tp,
-                               par.sequence_parallel)
+                               par.pp, par.schedule, par.virtual_stages, par.recompute, par.flash_attention,
+                               par.tp, par.sequence_parallel)
     return Memory(params=params, grads=grads, optimizer=optimizer, activations=activations,
                   buffers=buffer_bytes(m, tr, par), offloaded=offloaded)
 
 
 @lru_cache(maxsize=65536)
 def _activations(m: ModelShape, b: int, microbatches: int, value_bytes: int, dropout: bool, pp: int,
-                 schedule: str, recompute: str, flash: bool, tp: int, sp: bool) -> int:
-    """`memory`'s activations: the blocks, plus the output layer without pipelining, rounded up to
-    whole bytes (cached: a search asks again for every ZeRO stage and offload, which do not change
-    them)."""
+                 schedule: str, virtual_stages: int, recompute: str, flash: bool, tp: int, sp: bool) -> int:
+    """`memory`'s activations: the blocks of the first pipeline stage (the busiest), plus the output
+    layer without pipelining, rounded up to whole bytes (cached: a search asks again for every
+    ZeRO stage and offload, which do not change them)."""
     kw = dict(value_bytes=value_bytes, dropout=dropout, flash=flash, tp=tp, sp=sp)
     activations = act.activation_bytes(m, b, m.seq, pp=pp, microbatches=microbatches, schedule=schedule,
-                                       recompute=recompute, **kw)
+                                       virtual_stages=virtual_stages, recompute=recompute, **kw)
     if pp == 1:
         activations += act.head_bytes(m, b, m.seq, value_bytes=value_bytes, tp=tp)
     return math.ceil(activations)

@@ -9,16 +9,21 @@
 
 Each answer is computed with `plan.memory` for the given training setup (micro-batch, precision,
 recomputation), so "fits" includes activations and buffers, not only the 16Ψ of model states.
-`search` ranks every layout by time; this is the readable first answer.
+`search` ranks every layout by time; this is the readable first answer. `engine_layout` is the
+search's answer restricted to what ringzero's own engine runs (`engine_runs`), for
+`ringzero train --layout auto`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .config import Parallel, Training
 from .hardware import Hardware
 from .memory import Memory, memory, state_bytes
+from .pipeline import SCHEDULES
+from .search import Space, label, search
 from .shapes import ModelShape, param_count
 from .words import gpus as _gpus
 
@@ -126,3 +131,49 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
                   f"{_layout(par)}: {_gb(memory(m, tr, par).total)} per GPU"))
     return Recommendation(steps, f"tp={par.tp} x pp={par.pp} x dp={par.dp}"
                           + (f", ZeRO-{par.zero}" if par.zero else ""), par)
+
+
+ENGINE_SPACE = Space(recompute=("none",), sequence_parallel=(False,),
+                     schedules=("1f1b",) + tuple(s for s in SCHEDULES if s != "1f1b"))
+"""What `engine_layout` tries by default: every ZeRO stage and pipeline schedule (1F1B first: the
+one kept without a pipeline, and on a tie); no recomputation and no sequence parallelism (the
+run's own choices, which a caller passes in its `space`)."""
+
+
+def engine_runs(m: ModelShape, par: Parallel) -> bool:
+    """Whether ringzero's engine runs layout `par` of `m`: tp divides the heads, the kv heads and the
+    MLP width (Megatron's column split, Shoeybi et al. 2019 §3), sequence parallelism splits the
+    sequence evenly, pp <= layers, no offload, and ZeRO-2/3 only without a pipeline: they reduce
+    the gradients of every micro-batch, which a pipeline's stages interleave (DeepSpeed's pipeline
+    engine refuses them too)."""
+    t = par.tp
+    return (m.heads % t == 0 and m.kv % t == 0 and m.ffn_dim % t == 0 and par.pp <= m.layers
+            and (not par.sequence_parallel or m.seq % t == 0) and par.offload == "none"
+            and (par.pp == 1 or par.zero <= 1))
+
+
+def engine_layout(m: ModelShape, tr: Training, world: int, hw: Hardware, *,
+                  space: Space = ENGINE_SPACE) -> Parallel:
+    """The dp x tp x pp layout (with ZeRO stage and pipeline schedule) of `world` ranks that the
+    search ranks fastest among those that fit in `hw`'s memory and that ringzero's engine runs.
+
+    Every layout runs `tr.micro_batch` sequences per micro-batch and the same global batch (the
+    search's rule): `tr.global_batch`, or when None micro_batch x world, one micro-batch per rank
+    under pure data parallelism; a layout's micro-batches per step are then
+    `Training(..., global_batch=...).accumulation(dp)`, tp·pp of them when the global batch is
+    micro_batch x world. Splits are the search's (tp <= world, pp dividing the layers); the
+    interleaved schedule is tried with `space.virtual_stages` chunks per rank. A one-line
+    ValueError when no layout fits.
+    """
+    space = dataclasses.replace(space, micro_batches=(tr.micro_batch,), offload=("none",),
+                                max_tp=space.max_tp or world)
+    found = search(m, tr, hw, world, space=space, top=1, keep=lambda par: engine_runs(m, par))
+    if found.best:
+        return found.best[0].parallel
+    if found.closest is None:
+        raise ValueError(f"no dp x tp x pp layout of {_gpus(world)} that ringzero's engine runs: tp must "
+                         f"divide the {m.heads} heads and the MLP width {m.ffn_dim}, pp the {m.layers} layers, "
+                         f"and micro-batch x dp the global batch of {found.global_batch}")
+    c = found.closest
+    raise ValueError(f"no layout of {m.name} fits on {_gpus(world)} of {hw.name}: the leanest, {label(c)}, "
+                     f"needs {_gb(c.memory.total)} of {_gb(hw.hbm_bytes)}")

@@ -12,7 +12,10 @@ PP across nodes, DP outermost: the placement `strategy_comm` prices). For `gpus`
 and for each split every ZeRO stage x offload x recomputation x sequence parallelism x pipeline
 schedule x micro-batch of the `Space`. Combinations that cannot run are skipped silently and not
 counted as evaluated: sequence parallelism with tp = 1, offload with ZeRO-0, a micro-batch x dp that
-does not divide the global batch; with pp = 1 only the first schedule is tried (they coincide).
+does not divide the global batch, the interleaved schedule (with `Space.virtual_stages` chunks per
+rank) when pp·v does not divide the layers or pp does not divide the micro-batches, and any
+`Parallel` the caller's `keep` rejects; with pp = 1 only the first schedule other than interleaved
+is tried (they coincide).
 
 Global batch: configurations are only comparable at the same tokens per step, so all of them run
 `global_batch` sequences per step: `training.global_batch` when set, otherwise
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import OFFLOADS, RECOMPUTES, SCHEDULES, Parallel, Training
@@ -70,6 +74,8 @@ class Space:
     offload: tuple[str, ...] = ("none",)
     """"cpu"/"nvme" are tried only with ZeRO >= 1."""
     schedules: tuple[str, ...] = ("1f1b",)
+    virtual_stages: int = 2
+    """Model chunks per rank the "interleaved" schedule is tried with."""
     max_tp: int | None = None
     """Largest tensor-parallel degree (None: the hardware's gpus_per_node)."""
 
@@ -81,6 +87,8 @@ class Space:
             object.__setattr__(self, name, _tuple(name, getattr(self, name), allowed, kind))
         if min(self.micro_batches) < 1:
             raise ValueError(f"space micro_batches must be >= 1, got {min(self.micro_batches)}")
+        if type(self.virtual_stages) is not int or self.virtual_stages < 1:
+            raise ValueError(f"space virtual_stages must be an int >= 1, got {self.virtual_stages!r}")
         if self.max_tp is not None and (type(self.max_tp) is not int or self.max_tp < 1):
             raise ValueError(f"space max_tp must be None or an int >= 1, got {self.max_tp!r}")
 
@@ -167,7 +175,18 @@ def _splits(m: ModelShape, gpus: int, max_tp: int) -> list[tuple[int, int, int]]
     return out
 
 
-def _configurations(m: ModelShape, tr: Training, hw: Hardware, gpus: int, space: Space):
+def _schedules(m: ModelShape, pp: int, space: Space) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) tried on `pp` stages: one without a pipeline; interleaved only
+    when its pp·v chunks split the layers evenly."""
+    if pp == 1:
+        return [(next((s for s in space.schedules if s != "interleaved"), "1f1b"), 1)]
+    v = space.virtual_stages
+    return [(s, v if s == "interleaved" else 1) for s in space.schedules
+            if s != "interleaved" or m.layers % (pp * v) == 0]
+
+
+def _configurations(m: ModelShape, tr: Training, hw: Hardware, gpus: int, space: Space,
+                    keep: Callable[[Parallel], bool] | None = None):
     """Every (Training, Parallel) the search evaluates, simplest split first (see the module doc).
     The micro-batch is the innermost loop: it lives in `Training`, so each `Parallel` is built once."""
     trainings = [(mb, dataclasses.replace(tr, micro_batch=mb)) for mb in space.micro_batches]
@@ -176,16 +195,19 @@ def _configurations(m: ModelShape, tr: Training, hw: Hardware, gpus: int, space:
         if not runs:
             continue
         sps = space.sequence_parallel if tp > 1 else (False,)
-        schedules = space.schedules if pp > 1 else space.schedules[:1]
         for zero in space.zero:
             for offload in space.offload if zero else ("none",) if "none" in space.offload else ():
                 for recompute in space.recompute:
                     for sp in sps:
-                        for schedule in schedules:
-                            par = Parallel(dp=dp, tp=tp, pp=pp, zero=zero, offload=offload,
-                                           sequence_parallel=sp, schedule=schedule, recompute=recompute)
+                        for schedule, v in _schedules(m, pp, space):
+                            par = Parallel(dp=dp, tp=tp, pp=pp, zero=zero, offload=offload, sequence_parallel=sp,
+                                           schedule=schedule, virtual_stages=v, recompute=recompute)
+                            if keep is not None and not keep(par):
+                                continue
                             for t in runs:
-                                yield t, par
+                                # the interleaved schedule runs micro-batches in groups of pp
+                                if schedule != "interleaved" or t.accumulation(dp) % pp == 0:
+                                    yield t, par
 
 
 def _evaluate(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> tuple[Memory, StepTime | None]:
@@ -197,8 +219,9 @@ def _evaluate(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> tuple
 
 
 def search(model: ModelShape, training: Training, hardware: Hardware, gpus: int, *,
-           space: Space = Space(), top: int = 10) -> SearchResult:
-    """The `top` fastest configurations of `model` on `gpus` GPUs of `hardware` that fit in memory."""
+           space: Space = Space(), top: int = 10, keep: Callable[[Parallel], bool] | None = None) -> SearchResult:
+    """The `top` fastest configurations of `model` on `gpus` GPUs of `hardware` that fit in memory
+    (only those whose `Parallel` `keep` accepts, when given: e.g. what an engine can run)."""
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     if top < 1:
@@ -208,7 +231,7 @@ def search(model: ModelShape, training: Training, hardware: Hardware, gpus: int,
     tr = dataclasses.replace(training, global_batch=batch)
     ranked: list[tuple[float, float, int, Training, Parallel]] = []
     evaluated, leanest = 0, None
-    for t, par in _configurations(model, tr, hardware, gpus, space):
+    for t, par in _configurations(model, tr, hardware, gpus, space, keep):
         mem, time_ = _evaluate(model, t, par, hardware)
         evaluated += 1
         if time_ is not None:

@@ -10,10 +10,16 @@ from typing import TYPE_CHECKING
 from .words import gpus, plural
 
 if TYPE_CHECKING:  # only for annotations: search.py imports this module
+    from .config import Parallel
     from .estimate import Estimate
     from .search import SearchResult
 
 GB = 1e9
+
+
+def schedule_label(p: Parallel) -> str:
+    """A pipeline schedule in words: "1f1b", or "interleaved, v=2" with its chunks per rank."""
+    return f"{p.schedule}, v={p.virtual_stages}" if p.schedule == "interleaved" else p.schedule
 
 
 def label(e: Estimate) -> str:
@@ -23,7 +29,9 @@ def label(e: Estimate) -> str:
     s += f" recompute={p.recompute}" if p.recompute != "none" else ""
     s += " sp" if p.sequence_parallel else ""
     s += f" offload={p.offload}" if p.offload != "none" else ""
-    return s + (f" {p.schedule}" if p.pp > 1 else "")
+    if p.pp > 1:
+        s += f" {p.schedule}" + (f" v={p.virtual_stages}" if p.schedule == "interleaved" else "")
+    return s
 
 
 _PARTS = (("compute", "compute"), ("exposed_comm", "exposed communication"), ("bubble", "pipeline bubble"),

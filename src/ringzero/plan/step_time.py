@@ -13,8 +13,10 @@
   ZeRO-3's backward all-gather and reduce-scatter) hide behind the backward of the last
   micro-batch; ZeRO-3's forward all-gather behind forward (prefetch). At least the last bucket
   (or layer) is exposed. TP and PP communication sits on the critical path (Megatron-LM).
-- Pipeline bubble (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021): (p-1)/(m+p-1) of the
-  step, i.e. (p-1)/m x the compute time.
+- Pipeline bubble (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021 §2.2): a fraction
+  f = (p-1)/(m+p-1) of the pipeline's time, (p-1)/(v·m+p-1) with the interleaved schedule's v
+  chunks per rank (§2.2.2; `plan.pipeline.bubble_fraction`), so f/(1-f) x the compute time:
+  (p-1)/m x it, or (p-1)/(v·m).
 - Offload (ZeRO-Offload, Ren et al. 2021): gradients go down and weights come back over PCIe and
   the CPU runs the optimizer (`CPU_ADAM_PARAMS_PER_S`); with NVMe the optimizer states are also read
   and written at `nvme_bw`. All exposed: ringzero models no delayed parameter update.
@@ -26,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from . import flops
+from . import flops, pipeline
 from .algorithms import names
 from .comm_volume import Volume
 from .config import Parallel, Training
@@ -148,9 +150,10 @@ def step_time(m: ModelShape, tr: Training, par: Parallel, hw: Hardware,
     per_micro = par.zero >= 2
     exposed += _exposed(during_backward, backward if per_micro else backward / micro,
                         layers if per_micro else buckets)
-    fraction = (par.pp - 1) / (micro + par.pp - 1)
+    # The bubble is `fraction` of compute + bubble, so fraction / (1 - fraction) x the compute.
+    fraction = pipeline.bubble_fraction(par.pp, micro, par.schedule, par.virtual_stages)
     return StepTime(forward=forward, backward=backward, comm=sum(by_kind.values()),
-                    exposed_comm=exposed, bubble=(forward + backward) * (par.pp - 1) / micro,
+                    exposed_comm=exposed, bubble=(forward + backward) * fraction / (1 - fraction),
                     offload=offload_seconds(m, tr, par, hw), bubble_fraction=fraction,
                     comm_by_kind=dict(by_kind))
 

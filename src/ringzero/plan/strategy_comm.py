@@ -23,8 +23,10 @@ rank owns (Ψ/(tp·pp) parameters x 2 bytes in 16-bit precision); b, s, h a micr
   reduce-scatter + all-gather pair of the same bytes.
 - PP: each micro-batch sends its b·s·h activation forward and its gradient back across each of the
   p-1 stage boundaries (2(p-1)·bsh in total, Narayanan et al. 2021 §3.2); a middle stage sends
-  2·bsh per micro-batch (1·bsh at either end), /t with sequence parallelism (each tp rank sends its
-  slice).
+  2·bsh per micro-batch (1·bsh at either end), /t under tensor parallelism: each tp rank sends
+  its 1/t slice, split by Megatron's scatter/gather (§4.1) or already by sequence parallelism
+  (`pipeline.boundary_bytes`). The interleaved schedule crosses a rank boundary once per model
+  chunk, so v times as often (§2.2.2).
 
 Placement is Megatron-LM's: tp varies fastest, then dp, then pp, so a tp group is consecutive
 ranks, a dp group strides by tp, and a group is inside one node when its span fits.
@@ -41,7 +43,7 @@ from .config import Parallel, Training
 from .placement import Placement
 from .shapes import ModelShape, param_count
 from .sharding import by_zero
-from . import tensor_parallel
+from . import pipeline, tensor_parallel
 from .volumes import hierarchical
 
 KINDS = ("dp", "zero", "tp", "pp")
@@ -152,12 +154,14 @@ def pipeline_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int)
     p = par.pp
     if p == 1:
         return []
-    split = par.tp if par.sequence_parallel else 1
-    count = tr.micro_batch * m.seq * m.hidden // split
+    # One micro-batch's activation one way, in elements: 1/t of it per tp rank (boundary_bytes).
+    count = pipeline.boundary_bytes(1, tr.micro_batch, m.seq, m.hidden, 1, par.tp) // 2
     inside = par.tp * par.dp * p <= gpus_per_node
-    # A middle stage sends an activation forward and a gradient back per micro-batch (and receives
-    # as many); with two stages each end sends in one direction only.
-    calls = tr.accumulation(par.dp) * (2 if p > 2 else 1)
+    # A middle stage sends an activation forward and a gradient back per micro-batch and model
+    # chunk (and receives as many); with two stages each end's outermost chunk sends in one
+    # direction only: v forwards and v - 1 backwards, or the reverse.
+    v = par.virtual_stages
+    calls = tr.accumulation(par.dp) * (2 * v if p > 2 else 2 * v - 1)
     return [_pipeline_op(p, count, tr.bytes_per_value, calls, p if inside else 1)]
 
 
