@@ -2,6 +2,9 @@
 
     ringzero train --nproc 4 --strategy zero2 --precision bf16 --recompute selective --steps 200
     ringzero train --nproc 4 --tp 2 --strategy zero1 --sequence-parallel
+    ringzero train --nproc 4 --pp 2 --tp 2 --grad-accum 8 --schedule interleaved --virtual-stages 2 \
+        --layers 8 --pipeline-plot schedule.png
+    ringzero train --nproc 8 --layout auto
     ringzero train --nproc 2 --config ds.json --json-report out/report.json
     torchrun --nproc-per-node 2 -m ringzero.cli train --strategy zero1 --steps 50
 
@@ -29,7 +32,8 @@ from ..watchdog import WatchdogPolicy
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
          "micro_batch", "grad_accum", "lr", "warmup", "weight_decay", "clip", "bucket_mb",
-         "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp")
+         "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
+         "layers", "pp", "schedule", "virtual_stages")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,13 +66,59 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--sequence-parallel", action="store_true", default=None,
                    help="split LayerNorm and dropout along the sequence over the tp ranks (needs --tp > 1)")
+    p.add_argument("--pipeline-cost", metavar="FWD_MS,BWD_MS", default=None,
+                   help="synthetic pipeline costs: each stage's forward and backward of a micro-batch last at "
+                        "least this long (a sleep), so the schedule, not shared cores, sets the timing")
+    p.add_argument("--pipeline-plot", metavar="FILE.png", help="draw the measured pipeline schedule here")
+    p.add_argument("--layout", choices=("auto",), default=None,
+                   help="auto: run the dp x tp x pp layout (and ZeRO stage, schedule) ringzero.plan "
+                        "recommends for this model on these ranks")
+
+
+def _pipeline_cost(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        fwd, bwd = (float(x) / 1e3 for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--pipeline-cost {text!r}: give forward and backward milliseconds, e.g. 20,40") from None
+    return fwd, bwd
 
 
 def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
     given = {k: getattr(args, k) for k in FLAGS + ("sequence_parallel",) if getattr(args, k, None) is not None}
-    if args.config:
-        return from_deepspeed(args.config, world, **given)
-    return TrainConfig(**given)
+    cost = _pipeline_cost(getattr(args, "pipeline_cost", None))
+    if cost is not None:
+        given["pipeline_cost"] = cost
+    cfg = from_deepspeed(args.config, world, **given) if args.config else TrainConfig(**given)
+    if getattr(args, "layout", None) == "auto":
+        cfg = auto_layout(cfg, world, given)
+    return cfg
+
+
+def auto_layout(cfg: TrainConfig, world: int, given: dict) -> TrainConfig:
+    """`cfg` on the layout `plan.recommend.engine_layout` picks for its model on `world` ranks, with
+    the global batch it would have under data parallelism alone (micro-batch x accumulation x world);
+    a strategy given explicitly is kept."""
+    from ..plan.config import Training
+    from ..plan.hardware import hardware
+    from ..plan.recommend import ENGINE_SPACE, engine_layout
+    from ..plan.sharding import strategy as sharding_strategy
+    from .plan import DEFAULT_GPU
+    for flag in ("tp", "dp", "pp", "schedule", "virtual_stages"):
+        if flag in given:
+            raise ValueError(f"--layout auto chooses --{flag.replace('_', '-')} itself; give one or the other")
+    space = ENGINE_SPACE
+    if "strategy" in given:
+        space = dataclasses.replace(space, zero=(sharding_strategy(cfg.strategy).zero,))
+    batch = cfg.micro_batch * cfg.grad_accum * world
+    tr = Training(micro_batch=cfg.micro_batch, global_batch=batch, precision=cfg.precision, optimizer="adam",
+                  dropout=cfg.dropout > 0)
+    par = engine_layout(cfg.shape, tr, world, hardware(DEFAULT_GPU), space=space)
+    strategy = cfg.strategy if "strategy" in given else ("dp", "zero1", "zero2", "zero3")[par.zero]
+    return dataclasses.replace(cfg, tp=par.tp, dp=par.dp, pp=par.pp, schedule=par.schedule,
+                               virtual_stages=par.virtual_stages, strategy=strategy,
+                               grad_accum=tr.accumulation(par.dp), sequence_parallel=par.sequence_parallel)
 
 
 def _world(args: argparse.Namespace, torchrun: bool) -> int:
@@ -110,6 +160,10 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
                          f"{', '.join(s for s in STRATEGIES if s != 'single')}")
     if args.json_report:
         outputs.check(args.json_report, "--json-report")
+    if getattr(args, "pipeline_plot", None):
+        if cfg.pp == 1:
+            raise ValueError("--pipeline-plot draws a pipeline's schedule: it needs --pp > 1")
+        outputs.check(args.pipeline_plot, "--pipeline-plot")
     if not torchrun:
         footprint.check(cfg, world, force=args.force)
     data.check(len(data.corpus_bytes(cfg.data, cfg.max_bytes)), cfg.shape.seq)   # path and size, checked now
@@ -143,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
     with usage():
         job = check(args, torchrun)
     cfg, world = job.cfg, job.world
+    if args.layout == "auto":
+        print(f"ringzero: layout auto: dp={cfg.placement(world).dp} x tp={cfg.tp} x pp={cfg.pp}, strategy "
+              f"{cfg.strategy}" + (f", schedule {cfg.schedule}" + (f" v={cfg.virtual_stages}" if cfg.virtual_stages > 1
+                                                                  else "") if cfg.pp > 1 else "")
+              + f", {cfg.grad_accum} micro-batch{'es' if cfg.grad_accum > 1 else ''} of {cfg.micro_batch} per step",
+              flush=True)
     if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
         print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback) for "
               f"{cfg.steps} steps", file=sys.stderr, flush=True)
@@ -154,11 +214,11 @@ def run(args: argparse.Namespace) -> int:
         if int(os.environ["RANK"]):
             return 0
         results = results if isinstance(results, list) else [results]
-    _report(cfg, world, results, args.json_report)
+    _report(cfg, world, results, args.json_report, args.pipeline_plot)
     return 0
 
 
-def _report(cfg: TrainConfig, world: int, results: list, path: str | None) -> None:
+def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None) -> None:
     from rich.console import Console
 
     from .. import outputs
@@ -169,6 +229,15 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None) -> No
     rows = report.twins(cfg, world, results)
     probes = report.probe_summary(cfg, world, results)
     report.render(rows, console, probes)
+    data = report.to_json(cfg, world, results, rows, probes) if path or plot else None
     if path:
-        outputs.write_text(path, json.dumps(report.to_json(cfg, world, results, rows, probes), indent=1))
+        outputs.write_text(path, json.dumps(data, indent=1))
         console.print(f"wrote {path}")
+    if plot:
+        from ..train.pipeline_plot import plot as draw
+        pipe = data["pipeline"]
+        v = f", v={cfg.virtual_stages}" if cfg.virtual_stages > 1 else ""
+        draw(pipe["timeline"], plot, title=f"{cfg.schedule}{v}: pp={cfg.pp}, m={cfg.grad_accum} (measured, last "
+                                             f"steady step)", bubble=pipe["idle_fraction"]["measured"],
+             predicted=pipe["idle_fraction"]["predicted"])
+        console.print(f"wrote {plot}")

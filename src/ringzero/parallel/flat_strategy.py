@@ -107,6 +107,23 @@ class FlatStrategy:
             raise RuntimeError(f"parameters got no gradient in this backward: {', '.join(listed[:6])}"
                                f"{' ...' if len(listed) > 6 else ''}; every parameter must take part in the loss")
 
+    def reduce_now(self) -> None:
+        """Reduce every bucket's accumulated gradients at once and wait (pipeline schedules: a
+        stage's chunks end their backwards at different times, so the dp reduction follows the
+        pipeline's flush, as in Megatron-LM), then reset the arrival bookkeeping."""
+        for g in self.groups:
+            self.queue.submit(self._reduce, g)
+        self.finish_backward()
+
+    def unreduced_grad(self, p: nn.Parameter) -> torch.Tensor:
+        """The view of parameter `p`'s gradient in its bucket's unreduced flat (summed over this
+        rank's micro-batches so far), to be summed with another copy's before `reduce_now`."""
+        for g in self.groups:
+            for q, view in zip(g.params, g.bucket.views(g.grad_flat)) if g.grad_flat is not None else ():
+                if q is p:
+                    return view
+        raise KeyError("parameter has no accumulated gradient in this strategy")
+
     def reduced_grads(self) -> list[torch.Tensor]:
         """This rank's summed gradient for each bucket's shard (the whole bucket when unsharded)."""
         if self.schedule.shard_optimizer:

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ..plan.placement import Placement
 
-KINDS = (("tp",), ("dp",), ("pp",), ("dp", "tp"))
+KINDS = (("tp",), ("dp",), ("pp",), ("dp", "tp"), ("dp", "tp", "pp"))
 
 
 _GROUPS: dict[tuple[int, ...], object] = {}
@@ -59,6 +59,13 @@ def _new_group(global_ranks: tuple[int, ...], whole: tuple[int, ...], whole_grou
     if global_ranks not in _GROUPS:
         _GROUPS[global_ranks] = dist.new_group(list(global_ranks), use_local_synchronization=True)
     return _GROUPS[global_ranks]
+
+
+def _embedding_members(placement: Placement, rank: int) -> tuple[int, ...]:
+    c = placement.coords(rank)
+    if c["pp"] not in (0, placement.pp - 1):
+        return (rank,)
+    return (placement.rank(tp=c["tp"], dp=c["dp"], pp=0), placement.rank(tp=c["tp"], dp=c["dp"], pp=placement.pp - 1))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,6 +125,17 @@ class Topology:
         return self.groups.get(("pp",))
 
     @property
+    def grid_group(self):
+        """Every rank of the grid."""
+        return self.groups.get(("dp", "tp", "pp"), self.dp_tp_group)
+
+    @property
+    def embedding_group(self):
+        """The first and last pipeline stage of this rank's (dp, tp) coordinates: where the tied
+        embedding's gradient is summed (a one-rank group on the stages between)."""
+        return self.groups.get(("embedding",))
+
+    @property
     def dp_tp_group(self):
         return self.groups.get(("dp", "tp"))
 
@@ -134,6 +152,9 @@ class Topology:
         for dims in KINDS:                              # one global order on every rank
             members = placement.group(dims, rank)
             groups[dims] = _new_group(tuple(whole[r] for r in members), whole, group)
+        if placement.pp > 1:                            # last, so every rank makes it in the same place
+            members = _embedding_members(placement, rank)
+            groups[("embedding",)] = _new_group(tuple(whole[r] for r in members), whole, group)
         return cls(world=world, rank=rank, dp=placement.dp, tp=placement.tp, pp=placement.pp,
                    ranks_per_node=placement.ranks_per_node, groups=groups)
 

@@ -101,7 +101,9 @@ class TensorParallelGrads:
         self.strategy, self.topology, self.algorithm = strategy, topology, algorithm
         self.partial = _ranges(strategy, lambda p: tp_param_kind(p) is TPParamKind.PARTIAL_GRAD)
         first = topology.tp_rank == 0
-        self.counted = _ranges(strategy, lambda p: first or tp_param_kind(p) is TPParamKind.SHARDED)
+        # A pipeline's last stage holds a copy of the tied embedding: counted on the first stage only.
+        self.counted = _ranges(strategy, lambda p: (first or tp_param_kind(p) is TPParamKind.SHARDED)
+                               and not getattr(p, "pipeline_tied_copy", False))
 
     @property
     def partial_elements(self) -> int:
@@ -114,13 +116,15 @@ class TensorParallelGrads:
                      self.algorithm)
 
     def sum_over_owners(self):
-        """The strategy's sum over dp owners, then over the tp group."""
-        dp_sum = self.strategy.sum_over_owners()
-        if self.topology.tp == 1:
+        """The strategy's sum over dp owners, then over the tp group and the pipeline stages."""
+        dp_sum, topo = self.strategy.sum_over_owners(), self.topology
+        groups = [g for g, n in ((topo.tp_group, topo.tp), (topo.pp_group, topo.pp)) if n > 1]
+        if not groups:
             return dp_sum
 
         def reduce(t: torch.Tensor) -> None:
             if dp_sum is not None:
                 dp_sum(t)
-            comm.all_reduce(t, op="sum", group=self.topology.tp_group, algorithm=self.algorithm)
+            for g in groups:
+                comm.all_reduce(t, op="sum", group=g, algorithm=self.algorithm)
         return reduce

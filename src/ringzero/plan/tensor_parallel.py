@@ -73,19 +73,22 @@ def layer_collectives(sequence_parallel: bool = False, recompute: str = "none") 
 
 
 def collectives(m: ModelShape, b: int, tp: int, *, sequence_parallel: bool = False,
-                recompute: str = "none") -> list[tuple[str, str, int, int]]:
+                recompute: str = "none", layers: int | None = None, first: bool = True,
+                last: bool = True) -> list[tuple[str, str, int, int]]:
     """The tp collectives of one micro-batch: (what, collective, elements, calls), in activation
-    elements except the cross-entropy's fp32 ones (empty when tp = 1)."""
+    elements except the cross-entropy's fp32 ones (empty when tp = 1). A pipeline stage runs
+    `layers` blocks, the embedding's collectives only if `first`, the head's and loss's if `last`."""
     if tp == 1:
         return []
     bsh, bs = b * m.seq * m.hidden, b * m.seq
-    out = [(what, c, bsh, k * m.layers) for what, c, k in layer_collectives(sequence_parallel, recompute)]
+    n = m.layers if layers is None else layers
+    out = [(what, c, bsh, k * n) for what, c, k in layer_collectives(sequence_parallel, recompute) if n]
     if sequence_parallel:
         out += [("embedding all-reduce", "all_reduce", bsh, 1),
-                ("embedding output scattered, its gradient all-gathered", "all_gather", bsh, 1),
-                ("head input all-gather, its gradient reduce-scattered", "all_gather", bsh, 1),
-                ("", "reduce_scatter", bsh, 1)]
+                ("embedding output scattered, its gradient all-gathered", "all_gather", bsh, 1)] if first else []
+        out += [("head input all-gather, its gradient reduce-scattered", "all_gather", bsh, 1),
+                ("", "reduce_scatter", bsh, 1)] if last else []
     else:
-        out += [("embedding all-reduce", "all_reduce", bsh, 1),
-                ("head input gradient all-reduce", "all_reduce", bsh, 1)]
-    return out + [("cross-entropy max, sum, target (fp32)", "all_reduce", bs, 3)]
+        out += [("embedding all-reduce", "all_reduce", bsh, 1)] if first else []
+        out += [("head input gradient all-reduce", "all_reduce", bsh, 1)] if last else []
+    return out + ([("cross-entropy max, sum, target (fp32)", "all_reduce", bs, 3)] if last else [])

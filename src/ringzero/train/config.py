@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from ..comm import registry
 from ..plan.config import PRECISIONS, RECOMPUTES
-from ..plan import sharding
+from ..plan import pipeline, sharding
 from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
@@ -51,7 +51,7 @@ class FieldError(ValueError):
 def choices() -> dict[str, tuple[str, ...]]:
     """The values each enumerated field accepts: what `TrainConfig` validates against and what the
     command line offers (this module imports no torch, so `ringzero train` answers fast)."""
-    return {"strategy": STRATEGIES, "precision": PRECISIONS, "recompute": RECOMPUTES, "attention": ATTENTIONS,
+    return {"strategy": STRATEGIES, "schedule": pipeline.SCHEDULES, "precision": PRECISIONS, "recompute": RECOMPUTES, "attention": ATTENTIONS,
             "comm_algorithm": registry.SPECIAL + registry.algorithms("all_reduce"),
             "model": tuple(name for name, shape in MODELS.items() if _trainable(shape))}
 
@@ -62,6 +62,8 @@ class TrainConfig:
     """Model preset (ringzero's own GPTs: nano, micro; or gpt2, which is slow on a CPU)."""
     seq: int | None = None
     """Sequence length (None: the preset's)."""
+    layers: int | None = None
+    """Number of blocks (None: the preset's)."""
     attention: str = "eager"
     """"eager" (materialises the s x s scores) or "sdpa" (torch's fused attention)."""
     dropout: float = 0.0
@@ -98,16 +100,25 @@ class TrainConfig:
     """Data-parallel ranks (None: the ranks / tp)."""
     sequence_parallel: bool = False
     """Split LayerNorm and dropout along the sequence over the tp ranks (Korthikanti et al. 2022)."""
+    pp: int = 1
+    """Pipeline stages (the micro-batches of a step are the pipeline's m = grad_accum)."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: gpipe, 1f1b or interleaved (`plan.pipeline`)."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (the interleaved schedule's v)."""
+    pipeline_cost: tuple[float, float] | None = None
+    """Synthetic costs: a stage's forward and backward of one micro-batch last at least these
+    seconds (padded by a sleep), so the schedule, not the shared cores, sets the timing."""
 
     def __post_init__(self) -> None:
         allowed = choices()
-        for name in ("strategy", "precision", "recompute", "attention", "comm_algorithm"):
+        for name in ("strategy", "schedule", "precision", "recompute", "attention", "comm_algorithm"):
             if getattr(self, name) not in allowed[name]:
                 raise FieldError(name, f"{name} {getattr(self, name)!r} is not supported; "
                                        f"allowed: {', '.join(allowed[name])}")
         for name in ("steps", "micro_batch", "grad_accum", "eval_every", "eval_batches", "max_bytes"):
             _check(self, name, lambda v: v >= 1, "must be >= 1", integer=True)
-        for name in ("seq", "log_every"):
+        for name in ("seq", "log_every", "layers"):
             _check(self, name, lambda v: v >= 1, "must be >= 1", integer=True, optional=True)
         _check(self, "warmup", lambda v: v >= 0, "must be >= 0", integer=True)
         for name in ("lr", "eps", "bucket_mb"):
@@ -118,6 +129,26 @@ class TrainConfig:
         _check(self, "betas", lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "must be two numbers in [0, 1)")
         check_shape(self.shape)
         self._check_tensor_parallel()
+        self._check_pipeline()
+
+    def _check_pipeline(self) -> None:
+        _check(self, "pp", lambda v: v >= 1, "must be >= 1", integer=True)
+        _check(self, "virtual_stages", lambda v: v >= 1, "must be >= 1", integer=True)
+        _check(self, "pipeline_cost", lambda v: len(v) == 2 and all(math.isfinite(c) and c >= 0 for c in v),
+               "must be two seconds >= 0 (forward, backward)", optional=True)
+        try:
+            pipeline.check(self.pp, self.shape.layers, self.grad_accum, self.schedule, self.virtual_stages)
+        except ValueError as e:
+            field = "schedule" if self.schedule not in pipeline.SCHEDULES else \
+                "virtual_stages" if self.virtual_stages > 1 else "pp"
+            raise FieldError(field, str(e).replace("micro-batches", "micro-batches (grad_accum)")) from None
+        if self.pp > 1 and self.strategy in ("zero2", "zero3", "single"):
+            raise FieldError("strategy", f"strategy {self.strategy!r} cannot run under pipeline parallelism: "
+                                         "ZeRO-2/3 reduce (and ZeRO-3 gathers) every micro-batch, m times a "
+                                         "step's traffic under a pipeline, so, as DeepSpeed's pipeline engine, "
+                                         "ringzero takes dp or zero1 with pp > 1")
+        if self.pipeline_cost is not None and self.pp == 1:
+            raise FieldError("pipeline_cost", "synthetic pipeline costs need pp > 1")
 
     def _check_tensor_parallel(self) -> None:
         _check(self, "tp", lambda v: v >= 1, "must be >= 1", integer=True)
@@ -150,25 +181,30 @@ class TrainConfig:
         return algo if ok else "ring"
 
     def placement(self, world: int) -> Placement:
-        """The dp x tp grid of this run on `world` ranks, or a one-line FieldError."""
-        if self.tp > world:
-            raise FieldError("tp", f"tp={self.tp} is larger than the {world} ranks")
-        if self.dp is None and world % self.tp:
-            raise FieldError("tp", f"tp={self.tp} does not divide the {world} ranks")
-        dp = self.dp if self.dp is not None else world // self.tp
-        if dp * self.tp != world:
+        """The dp x tp x pp grid of this run on `world` ranks, or a one-line FieldError."""
+        model_parallel = self.tp * self.pp
+        what = "tp" if self.pp == 1 else "pp" if self.tp == 1 else "tp x pp"
+        if model_parallel > world:
+            raise FieldError(what.split()[-1], f"{what}={model_parallel} is larger than the {world} ranks")
+        if self.dp is None and world % model_parallel:
+            raise FieldError(what.split()[-1], f"{what}={model_parallel} does not divide the {world} ranks")
+        dp = self.dp if self.dp is not None else world // model_parallel
+        if dp * model_parallel != world:
             raise FieldError("dp" if self.dp is not None else "tp",
-                             f"dp x tp = {dp} x {self.tp} = {dp * self.tp} must equal the {world} ranks")
-        return Placement(dp=dp, tp=self.tp)
+                             f"dp x tp x pp = {dp} x {self.tp} x {self.pp} = {dp * model_parallel} must equal "
+                             f"the {world} ranks")
+        return Placement(dp=dp, tp=self.tp, pp=self.pp)
 
     @property
     def shape(self) -> ModelShape:
         m = preset(self.model)
-        return dataclasses.replace(m, seq=self.seq) if self.seq is not None else m
+        changes = {k: v for k, v in (("seq", self.seq), ("layers", self.layers)) if v is not None}
+        return dataclasses.replace(m, **changes) if changes else m
 
     def global_batch(self, world: int) -> int:
-        """Sequences per optimizer step on `world` ranks (the tp ranks of a dp rank share its batch)."""
-        return self.micro_batch * self.grad_accum * (world // self.tp)
+        """Sequences per optimizer step on `world` ranks (the tp ranks and pipeline stages of a dp
+        rank share its batch)."""
+        return self.micro_batch * self.grad_accum * (world // (self.tp * self.pp))
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up then cosine decay to lr/10 (GPT-3's schedule, Brown et al. 2020 §B)."""

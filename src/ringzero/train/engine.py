@@ -1,8 +1,10 @@
 """The training loop that runs on every rank: build, train, evaluate, measure.
 
 Order of application (torchtitan's): model -> precision (cast) -> tensor parallelism ->
-recomputation -> sharding (DP/ZeRO over the dp group). Each step runs its micro-batches through a step schedule (`step_schedule`), then the
-optimizer; DP and ZeRO-1 communicate only on the last micro-batch.
+recomputation -> pipeline cut (this rank's stage) -> sharding (DP/ZeRO over the dp group). Each step
+runs its micro-batches through a step schedule (`step_schedule`; a pipeline's in
+`pipeline_schedule`), then the optimizer; DP and ZeRO-1 communicate only on the last micro-batch
+(under a pipeline, after its flush).
 The run measures what the planner predicts: model-state bytes held, bytes saved for backward,
 bytes sent and received (traffic meter), and time per phase. With `calibrate`, every rank also
 probes this machine's rates at `probe.probe_steps` (before the first step, between steps, after the
@@ -21,6 +23,7 @@ import torch.distributed as dist
 from .. import comm
 from ..parallel.comm_queue import CommQueue
 from ..parallel.optimizer import AdamConfig, ShardedAdam
+from ..parallel.pipeline import apply_pipeline
 from ..parallel.precision import LossScaler, NoScaler, dtype
 from ..parallel.recompute import apply_recompute
 from ..parallel.stages import DP, ShardingConfig, stage
@@ -32,6 +35,7 @@ from .config import TrainConfig
 from .data import ByteData, load_bytes
 from .model import GPT, AttentionCore
 from .probe import Prober, median_rates, probe_steps
+from .pipeline_schedule import PipelineSchedule
 from .step_schedule import GradAccumulation, StepHooks
 
 MEASURE_STEP = 1
@@ -67,6 +71,12 @@ class RankResult:
     probes: list[dict] = field(default_factory=list)
     """Every probe point: {"step", "at_s" (seconds since the run began), rates, "cost_s",
     "warmup_s"} (`probe.Prober.__call__`)."""
+    stage: int = 0
+    """This rank's pipeline stage."""
+    timelines: list[list[tuple]] = field(default_factory=list)
+    """A pipeline stage's steady steps: per step its (kind, micro, local chunk, start, end)."""
+    inflight: int = 0
+    """A pipeline stage: the most chunk micro-batches it held at once (measured step)."""
 
 
 class Trainer:
@@ -78,6 +88,8 @@ class Trainer:
                                         algorithm=cfg.tp_algorithm, seed=cfg.seed)
         apply_recompute(self.model, cfg.recompute, (AttentionCore,), self.tp.rng.checkpoint_context
                         if topology.tp > 1 else None)
+        self.stages = apply_pipeline(self.model, topology, cfg.virtual_stages, cfg.sequence_parallel,
+                                     cfg.tp_algorithm) if topology.pp > 1 else None
         self.queue = CommQueue()
         self.strategy = apply_sharding(self.model, topology, ShardingConfig(
             stage=DP if cfg.strategy == "single" else stage(cfg.strategy), bucket_mb=cfg.bucket_mb,
@@ -85,11 +97,18 @@ class Trainer:
         self.tp_grads = TensorParallelGrads(self.strategy, topology, cfg.tp_algorithm)
         self.opt = ShardedAdam(self.strategy.owned_weights(), AdamConfig(
             lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip),
-            self.tp_grads.sum_over_owners(), self.tp_grads.counted if topology.tp > 1 else None)
+            self.tp_grads.sum_over_owners(), self.tp_grads.counted if topology.tp * topology.pp > 1 else None)
         self.scaler = LossScaler() if cfg.precision == "fp16" else NoScaler()
-        self.schedule = GradAccumulation()
+        self.schedule = GradAccumulation() if self.stages is None else PipelineSchedule(
+            self.stages, topology, cfg.schedule, cfg.virtual_stages, self._boundary_shape(),
+            dtype(cfg.precision), cfg.pipeline_cost)
         self.measure_step = min(MEASURE_STEP, cfg.steps - 1)
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
+
+    def _boundary_shape(self) -> tuple[int, int, int]:
+        """What crosses a stage boundary per micro-batch: (b, s, h), (b, s/t, h) with sequence parallelism."""
+        c = self.cfg
+        return (c.micro_batch, c.shape.seq // (c.tp if c.sequence_parallel else 1), c.shape.hidden)
 
     def _micro_batches(self, step: int) -> list:
         c, t = self.cfg, self.topo
@@ -118,13 +137,17 @@ class Trainer:
         ph = hooks.seconds
         ph["optimizer"] -= out["comm_s"]         # the norm's all-reduce is communication
         ph["comm"] += out["comm_s"]
-        return ph, sum(losses) / len(losses)
+        return ph, sum(losses) / len(losses) if losses else 0.0
 
     def _mean_over_ranks(self, value: float) -> float:
-        if self.topo.dp == 1:
-            return value
+        """The mean over the dp ranks of `value` (a pipeline's: the last stage's)."""
         t = torch.tensor([value], dtype=torch.float64)
-        self.queue.submit(comm.all_reduce, t, op="avg", group=self.topo.group, algorithm="torch")
+        if self.topo.dp > 1:
+            self.queue.submit(comm.all_reduce, t, op="avg", group=self.topo.group, algorithm="torch")
+        if self.topo.pp > 1:             # only the last stage has it; the others add 0
+            if self.topo.pp_rank != self.topo.pp - 1:
+                t.zero_()
+            self.queue.submit(comm.all_reduce, t, op="sum", group=self.topo.pp_group, algorithm="torch")
         self.queue.drain()
         return float(t)
 
@@ -132,13 +155,14 @@ class Trainer:
     def evaluate(self) -> float:
         self.model.eval()
         c, t = self.cfg, self.topo
-        losses = []
-        for i in range(c.eval_batches):
-            x, y = self.data.batch("val", i, c.micro_batch * t.dp, t.dp_rank, t.dp)
-            losses.append(self.model(x, y).item())
+        batches = [self.data.batch("val", i, c.micro_batch * t.dp, t.dp_rank, t.dp) for i in range(c.eval_batches)]
+        if self.stages is None:
+            losses = [self.model(x, y).item() for x, y in batches]
+        else:
+            losses = self.schedule.forward_only(batches)
         self.strategy.finish_backward()
         self.model.train()
-        return self._mean_over_ranks(sum(losses) / len(losses))
+        return self._mean_over_ranks(sum(losses) / len(losses) if losses else 0.0)
 
     def run(self, progress=None, keep_params: bool = False, calibrate: bool = True) -> RankResult:
         c = self.cfg
@@ -158,6 +182,10 @@ class Trainer:
             else:
                 ph, loss = self.step(step, res)
             totals.append(time.perf_counter() - t0)
+            if self.stages is not None:
+                res.timelines.append(self.schedule.events)
+                if step == self.measure_step:
+                    res.inflight = self.schedule.peak_inflight
             res.losses.append(self._mean_over_ranks(loss))   # bookkeeping: outside the meter
             phases.append(ph)
             if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
@@ -169,6 +197,7 @@ class Trainer:
             res.probes.append({"step": c.steps, "at_s": time.perf_counter() - start, **prober()})
         steady = slice(min(2, c.steps - 1), None)        # skip warm-up steps when there are enough
         res.step_times = totals[steady]
+        res.timelines, res.stage = res.timelines[steady], self.topo.pp_rank
         res.step_time = statistics.median(res.step_times)
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
         res.buckets = self.strategy.layout()
@@ -187,8 +216,13 @@ class Trainer:
         """Every parameter's full value (gathered over dp when sharded, over tp when split), by name,
         as flat float lists."""
         params = dict(self.model.named_parameters())
-        return {k: unshard(v, params[k], self.topo, self.cfg.tp_algorithm).float().reshape(-1).tolist()
+        mine = {k: unshard(v, params[k], self.topo, self.cfg.tp_algorithm).float().reshape(-1).tolist()
                 for k, v in self.strategy.full_params().items()}
+        if self.topo.pp == 1:
+            return mine
+        stages = [None] * self.topo.pp                  # every stage's parameters (plain data; tests only)
+        dist.all_gather_object(stages, mine, group=self.topo.pp_group)
+        return {k: v for stage in stages for k, v in stage.items()}
 
 
 def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,
@@ -198,7 +232,7 @@ def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group
     placement = cfg.placement(world)                 # tp and dp against the ranks: one line if wrong
     if world == 1:
         topo = Topology.alone()
-    elif placement.tp == 1:
+    elif placement.tp == 1 and placement.pp == 1:
         topo = Topology.data_parallel(group)
     else:
         topo = Topology.build(placement, group)

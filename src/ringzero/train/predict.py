@@ -15,13 +15,13 @@ ranks under ZeRO) as one collective, so the exact bytes are Σ over buckets of
 
 from __future__ import annotations
 
-from ..plan import activations as act
 from ..plan import sharding, tensor_parallel
 from ..plan.comm_volume import call_for, formula, volume
 from ..plan.config import Parallel, Training
 from ..plan.memory import model_states, state_bytes
 from ..plan.shapes import ModelShape, param_count
 from ..plan.sharding import Strategy
+from . import predict_pipeline as pipe
 from .config import TrainConfig
 
 
@@ -40,31 +40,34 @@ def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Par
     pl = cfg.placement(world)
     tr = Training(micro_batch=cfg.micro_batch, global_batch=cfg.global_batch(world),
                   precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
-    par = Parallel(dp=pl.dp, tp=pl.tp, sequence_parallel=cfg.sequence_parallel, zero=strategy(cfg).zero,
-                   recompute=cfg.recompute, flash_attention=fused_attention(cfg), bucket_mb=cfg.bucket_mb)
+    par = Parallel(dp=pl.dp, tp=pl.tp, pp=pl.pp, sequence_parallel=cfg.sequence_parallel, zero=strategy(cfg).zero,
+                   recompute=cfg.recompute, flash_attention=fused_attention(cfg), bucket_mb=cfg.bucket_mb,
+                   schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
     return cfg.shape, tr, par
 
 
-def activations(cfg: TrainConfig, cuda: bool = False) -> float:
+def activations(cfg: TrainConfig, cuda: bool = False, stage: int | None = None) -> float:
     """Bytes one rank saves for backward in one micro-batch's forward (all layers plus embedding and
-    head; 1/t of the split tensors under tensor parallelism)."""
-    m, t, sp = cfg.shape, cfg.tp, cfg.sequence_parallel
-    p = 4 if cfg.precision == "fp32" else 2
-    mask, dropout = (1 if cuda else p), cfg.dropout > 0
-    per_layer = act.layer_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, dropout=dropout,
-                                flash=fused_attention(cfg, cuda), recompute=cfg.recompute, mask_bytes=mask,
-                                tp=t, sp=sp, sp_keeps_gathered=True)
-    return m.layers * per_layer + act.head_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, tp=t, sp=sp,
-                                                 dropout=dropout, mask_bytes=mask,
-                                                 vocab=tensor_parallel.padded_vocab(m.vocab, t))
+    head; 1/t of the split tensors under tensor parallelism); with `stage` under a pipeline, the most
+    that stage holds at once over its schedule."""
+    per_layer, head = pipe.activation_terms(cfg, cuda)
+    if stage is not None and cfg.pp > 1:
+        return pipe.peak_activations(cfg, stage, per_layer, head)
+    return cfg.shape.layers * per_layer + head
 
 
-def states(cfg: TrainConfig, world: int) -> dict[str, float]:
-    """Model-state bytes per rank from the ZeRO formulas (Rajbhandari et al. 2020)."""
+def states(cfg: TrainConfig, world: int, rank: int = 0) -> dict[str, float]:
+    """Model-state bytes of `rank` from the ZeRO formulas (Rajbhandari et al. 2020), over the
+    parameters its pipeline stage holds."""
     m, tr, par = plan_inputs(cfg, world)
-    p, g, o, _ = model_states(tensor_parallel.local_params(m, par.tp), state_bytes(tr.precision, tr.optimizer),
+    p, g, o, _ = model_states(local_params(cfg, world, rank), state_bytes(tr.precision, tr.optimizer),
                               dp=par.dp, zero=par.zero)
     return {"params": p, "grads": g, "optimizer": o}
+
+
+def local_params(cfg: TrainConfig, world: int, rank: int = 0) -> int:
+    """Parameters `rank` holds before any ZeRO sharding: its tp share of its pipeline stage's."""
+    return pipe.params(cfg, pipe.stage_of(cfg, world, rank))
 
 
 def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, int, int]]:
@@ -78,11 +81,13 @@ def _itemsize(cfg: TrainConfig) -> int:
     return 4 if cfg.precision == "fp32" else 2
 
 
-def tp_calls(cfg: TrainConfig) -> list[tuple[str, int, int, int]]:
+def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:
     """The tensor-parallel collectives of one step inside forward and backward, on the tp group
-    (`plan.tensor_parallel`)."""
+    (`plan.tensor_parallel`; a pipeline stage's: `predict_pipeline.tp_calls`)."""
     if cfg.tp == 1:
         return []
+    if cfg.pp > 1:
+        return pipe.tp_calls(cfg, stage)
     return [(c, n, 4 if "fp32" in what else _itemsize(cfg), k * cfg.grad_accum)
             for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.micro_batch, cfg.tp,
                                                              sequence_parallel=cfg.sequence_parallel,
@@ -104,13 +109,29 @@ def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) 
     return out + [("all_reduce", 1, 4, 1)]
 
 
+GROUP_DIM = {"dp": "dp", "tp": "tp", "tp_step": "tp", "pp_step": "pp"}
+"""The grid dimension of each group of `grouped_calls` ("embedding": the first and last stage)."""
+
+
 def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
-                  sp_elements: int | None = None) -> list[tuple[str, int, list]]:
-    """(group, its ranks, its calls of one step): the dp group's, and the tp group's inside forward
-    and backward ("tp") and after it ("tp_step")."""
+                  sp_elements: int | None = None, rank: int = 0) -> list[tuple[str, int, list]]:
+    """(group, its ranks, `rank`'s calls of one step on it): the dp group's, the tp group's inside
+    forward and backward ("tp") and after it ("tp_step"), and under a pipeline the tied embedding's
+    gradient sum ("embedding") and the norm's sum over the stages ("pp_step")."""
     pl = cfg.placement(world)
-    return [("dp", pl.dp, calls(cfg, world, buckets)), ("tp", pl.tp, tp_calls(cfg)),
-            ("tp_step", pl.tp, tp_step_calls(cfg, world, sp_elements))]
+    stage = pl.coords(rank)["pp"]
+    out = [("dp", pl.dp, calls(cfg, world, buckets)), ("tp", pl.tp, tp_calls(cfg, stage)),
+           ("tp_step", pl.tp, tp_step_calls(cfg, world, sp_elements))]
+    if pl.pp > 1:
+        out += [("embedding", 2, pipe.embedding_calls(cfg, stage)), ("pp_step", pl.pp, [("all_reduce", 1, 4, 1)])]
+    return out
+
+
+def _index(cfg: TrainConfig, world: int, group: str, rank: int) -> int:
+    at = cfg.placement(world).coords(rank)
+    if group == "embedding":
+        return 0 if at["pp"] == 0 else 1
+    return at[GROUP_DIM[group]]
 
 
 def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> str:
@@ -129,12 +150,13 @@ def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank:
             sp_elements: int | None = None) -> dict[str, int]:
     """Bytes `rank` sends and receives in one step ("auto" resolved exactly as `ringzero.comm` does;
     "torch", the backend's own collective, as its ring twin `plan.comm_volume.BACKEND_TWIN`, which
-    the traffic meter cannot see): the dp group's collectives and the tp group's."""
+    the traffic meter cannot see): every group's collectives (`grouped_calls`) and a pipeline
+    stage's point-to-point messages."""
     from ..comm.config import get_config
-    at = cfg.placement(world).coords(rank)
-    sent = recv = 0
-    for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements):
-        rpn, r = get_config().node_size(n), at["dp" if group == "dp" else "tp"]
+    p2p = pipe.p2p_traffic(cfg, cfg.placement(world).coords(rank)["pp"])
+    sent, recv = p2p["bytes_sent"], p2p["bytes_recv"]
+    for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank):
+        rpn, r = get_config().node_size(n), _index(cfg, world, group, rank)
         for collective, count, size, times in group_calls:
             algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
             v = volume(call_for(collective, algo, n, count, size, ranks_per_node=rpn), r)
@@ -144,10 +166,10 @@ def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank:
 
 
 def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
-                 sp_elements: int | None = None) -> float:
+                 sp_elements: int | None = None, rank: int = 0) -> float:
     """Seconds of the step's collectives under this machine's calibrated α-β-γ model."""
     return sum(call_seconds(cfg, group, collective, n, count * size) * times
-               for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements)
+               for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank)
                for collective, count, size, times in group_calls)
 
 
@@ -159,8 +181,8 @@ def call_seconds(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: 
                           get_config().node_size(n))
 
 
-def optimizer_shard(cfg: TrainConfig, world: int) -> float:
-    """Parameters in this rank's optimizer shard (the fused AdamW kernel runs over them once)."""
+def optimizer_shard(cfg: TrainConfig, world: int, rank: int = 0) -> float:
+    """Parameters in `rank`'s optimizer shard (the fused AdamW kernel runs over them once)."""
     dp = cfg.placement(world).dp
-    return tensor_parallel.local_params(cfg.shape, cfg.tp) / (dp if strategy(cfg).zero else 1)
+    return local_params(cfg, world, rank) / (dp if strategy(cfg).zero else 1)
 

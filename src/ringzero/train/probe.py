@@ -154,11 +154,11 @@ class Prober:
 
     def _calls(self) -> dict[str, object]:
         st, topo = self.strategy, self.strategy.topology
-        groups = {"dp": st.group, "tp": topo.tp_group, "tp_step": topo.tp_group}
-        algorithms = {"dp": st.config.algorithm_for, "tp": lambda _: self.cfg.tp_algorithm,
-                      "tp_step": lambda _: self.cfg.tp_algorithm}
+        groups = {"dp": st.group, "tp": topo.tp_group, "tp_step": topo.tp_group,
+                  "embedding": topo.embedding_group, "pp_step": topo.pp_group}
+        algorithms = {g: (lambda _: self.cfg.tp_algorithm) for g in groups} | {"dp": st.config.algorithm_for}
         out = {}
-        for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout(), self.sp_elements):
+        for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout(), self.sp_elements, topo.rank):
             for collective, elements, itemsize, _ in calls:
                 key = call_key(collective, elements, itemsize, group)
                 dt = torch.float32 if itemsize == 4 else self.dtype
@@ -192,7 +192,7 @@ class Prober:
         warmup = 0.0 if self.warm else self._warm_up()
         self.warm = True
         t0 = time.perf_counter()
-        everyone = self.strategy.topology.dp_tp_group       # the whole grid
+        everyone = self.strategy.topology.grid_group
         if dist.is_initialized() and self.strategy.topology.world > 1:
             dist.barrier(everyone)
         rate = self.work / _seconds(self._pass, COMPUTE_REPS)

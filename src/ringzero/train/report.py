@@ -43,8 +43,10 @@ import statistics
 from dataclasses import dataclass
 
 from ..plan import flops
+from ..plan.pipeline_layout import chunk_layers, head_flops_per_token
 from ..plan.shapes import param_count
 from . import predict
+from . import predict_pipeline as pipe
 from .config import TrainConfig
 from .engine import RankResult
 from .probe import call_key
@@ -77,13 +79,13 @@ class Twin:
 
 
 def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict,
-                 sp_elements: int | None = None) -> dict:
+                 sp_elements: int | None = None, rank: int = 0) -> dict:
     """One step's collectives: {"exposed": s, "in_compute": s (ZeRO-3's all-gathers and the tensor-
     parallel collectives, waited for inside forward and backward), "source"}, from the in-run probe's
     seconds per call times the planner's calls, or (when the probe did not time every call) the
     α-β-γ model's total, all exposed."""
     probed = rates.get("comm") or {}
-    grouped = predict.grouped_calls(cfg, world, buckets, sp_elements)
+    grouped = predict.grouped_calls(cfg, world, buckets, sp_elements, rank)
     keys = [call_key(c, n, size, group) for group, _, calls in grouped for c, n, size, _ in calls]
     source = "in-run probe" if keys and all(k in probed for k in keys) else "alpha-beta-gamma model"
     out = {"exposed": 0.0, "in_compute": 0.0, "source": source}
@@ -99,20 +101,28 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
 
 
 def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict,
-                 sp_elements: int | None = None) -> dict[str, float]:
-    """The predicted phases of one step at the probed `rates` (see the module doc): "compute" is
-    "arithmetic" (this rank's FLOPs at the probed rate: 1/t of the model's under tensor parallelism)
-    plus "in_compute" (ZeRO-3's all-gathers, the tensor-parallel collectives)."""
+                 sp_elements: int | None = None, rank: int = 0) -> dict[str, float]:
+    """The predicted phases of one step of `rank` at the probed `rates` (see the module doc):
+    "compute" is "arithmetic" (this rank's FLOPs at the probed rate: 1/t of its stage's under tensor
+    parallelism) plus "in_compute" (ZeRO-3's all-gathers, the tensor-parallel collectives); under a
+    pipeline "bubble" is the stage's idle time, compute x f/(1-f) for the bubble fraction f."""
     m = cfg.shape
-    n = param_count(m).total
+    per_token = flops.step_flops_per_token(param_count(m).total, cfg.recompute, m)
+    if cfg.pp > 1:                      # the stage's blocks, and the head on the last
+        stage = pipe.stage_of(cfg, world, rank)
+        layers = sum(len(r) for g, r in enumerate(chunk_layers(m, cfg.pp * cfg.virtual_stages))
+                     if g % cfg.pp == stage)
+        per_token = flops.layer_flops_per_token(m, cfg.recompute) * layers + \
+            (head_flops_per_token(m) if stage == cfg.pp - 1 else 0.0)
     tokens = cfg.micro_batch * cfg.grad_accum * m.seq
-    per_token = flops.step_flops_per_token(n, cfg.recompute, m)
     arithmetic = per_token * tokens / cfg.tp / rates["flops"]      # tensor parallelism splits the FLOPs
-    comm = comm_seconds(cfg, world, buckets, rates, sp_elements)
+    comm = comm_seconds(cfg, world, buckets, rates, sp_elements, rank)
     compute = arithmetic + comm["in_compute"]
-    optimizer = predict.optimizer_shard(cfg, world) * rates["optimizer_s_per_param"]
-    return {"arithmetic": arithmetic, "in_compute": comm["in_compute"], "compute": compute,
-            "comm": comm["exposed"], "optimizer": optimizer, "step": compute + comm["exposed"] + optimizer}
+    f = pipe.bubble(cfg) if cfg.pp > 1 else 0.0
+    bubble = compute * f / (1 - f)
+    optimizer = predict.optimizer_shard(cfg, world, rank) * rates["optimizer_s_per_param"]
+    return {"arithmetic": arithmetic, "in_compute": comm["in_compute"], "compute": compute, "bubble": bubble,
+            "comm": comm["exposed"], "optimizer": optimizer, "step": compute + bubble + comm["exposed"] + optimizer}
 
 
 def _busiest(results: list[RankResult]) -> RankResult:
@@ -129,7 +139,8 @@ def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> di
     spread ((max - min) / median) of the rates, of those predictions and of the measured steps
     ("measured_step"), and what probing cost against the steps' time."""
     res = _busiest(results)
-    points = [{**p, "predicted": step_seconds(cfg, world, res.buckets, p, res.sp_elements)} for p in res.probes]
+    points = [{**p, "predicted": step_seconds(cfg, world, res.buckets, p, res.sp_elements, res.rank)}
+              for p in res.probes]
     if not points:
         return {"points": [], "spread": {}, "cost_s": 0.0, "cost_fraction": 0.0}
     spread = {k: _stats([p[k] for p in points]) for k in ("flops", "optimizer_s_per_param")}
@@ -143,33 +154,64 @@ def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> di
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
     busiest = _busiest(results)
-    states = predict.states(cfg, world)
+    states = [predict.states(cfg, world, r.rank) for r in results]
     sent = [predict.traffic(cfg, world, r.buckets, r.rank, r.sp_elements) for r in results]
     total_sent = [sum(op["bytes_sent"] for op in r.traffic.get("ops", {}).values()) for r in results]
     total_recv = [sum(op["bytes_recv"] for op in r.traffic.get("ops", {}).values()) for r in results]
-    steps = step_seconds(cfg, world, busiest.buckets, busiest.probe, busiest.sp_elements)
+    steps = step_seconds(cfg, world, busiest.buckets, busiest.probe, busiest.sp_elements, busiest.rank)
     tokens = cfg.global_batch(world) * cfg.shape.seq
-    rows = [
-        Twin("parameters held", states["params"], max(r.held["params"] for r in results), "bytes"),
-        Twin("gradients held", states["grads"], max(r.held["grads"] for r in results), "bytes"),
-        Twin("optimizer states held", states["optimizer"], max(r.held["optimizer"] for r in results), "bytes"),
-        Twin("activations saved (one micro-batch)", predict.activations(cfg),
-             max(r.activations for r in results), "bytes"),
-    ]
+    rows = [Twin(f"{name} held", max(s[key] for s in states), max(r.held[key] for r in results), "bytes")
+            for name, key in (("parameters", "params"), ("gradients", "grads"), ("optimizer states", "optimizer"))]
+    if cfg.pp == 1:
+        rows.append(Twin("activations saved (one micro-batch)", predict.activations(cfg),
+                         max(r.activations for r in results), "bytes"))
     if world > 1:
         opaque = cfg.comm_algorithm == "torch"      # predicted as the backend's ring, not metered
         rows += [Twin("bytes sent per step", max(s["bytes_sent"] for s in sent),
                       None if opaque else max(total_sent), "bytes"),
                  Twin("bytes received per step", max(s["bytes_recv"] for s in sent),
                       None if opaque else max(total_recv), "bytes")]
+    if cfg.pp > 1:
+        rows += pipeline_twins(cfg, world, results)
     rows += [
         Twin("compute per step", steps["compute"], busiest.phases["forward"] + busiest.phases["backward"], "s"),
         Twin("exposed communication per step", steps["comm"], busiest.phases["comm"], "s"),
         Twin("optimizer per step", steps["optimizer"], busiest.phases["optimizer"], "s"),
+    ]
+    if cfg.pp > 1:
+        rows.append(Twin("pipeline wait per step", steps["bubble"], busiest.phases["pipeline_wait"], "s"))
+    rows += [
         Twin("step time", steps["step"], busiest.step_time, "s"),
         Twin("tokens per second", tokens / steps["step"], tokens / busiest.step_time, "tokens/s"),
     ]
     return [r for r in rows if world > 1 or "communication" not in r.name]
+
+
+def _stage_ranks(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[RankResult]:
+    """One rank per pipeline stage (dp and tp coordinate 0), in stage order."""
+    pl = cfg.placement(world)
+    return sorted((r for r in results if pl.coords(r.rank)["dp"] == 0 and pl.coords(r.rank)["tp"] == 0),
+                  key=lambda r: pl.coords(r.rank)["pp"])
+
+
+def pipeline_twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
+    """The pipeline's twins: bytes over a stage boundary (all stages' point-to-point bytes over the
+    p·v - 1 chunk boundaries), the idle fraction of a step (median over steady steps), and per stage
+    the micro-batches and activation bytes held at the peak and the parameters held."""
+    stages = _stage_ranks(cfg, world, results)
+    p2p = sum(r.traffic.get("ops", {}).get("send_recv/p2p", {}).get("bytes_sent", 0) for r in stages)
+    boundaries = cfg.pp * cfg.virtual_stages - 1
+    rows = [Twin("pipeline bytes per stage boundary", pipe.boundary_bytes(cfg), p2p / boundaries, "bytes"),
+            Twin("pipeline idle fraction", pipe.bubble(cfg), pipe.measured_bubble([r.timelines for r in stages]),
+                 "fraction")]
+    for r in stages:
+        i = r.stage
+        rows += [Twin(f"stage {i}: micro-batches held at peak", pipe.inflight(cfg, i), r.inflight, "chunks"),
+                 Twin(f"stage {i}: activations held at peak", predict.activations(cfg, stage=i), r.activations,
+                      "bytes"),
+                 Twin(f"stage {i}: parameters held", predict.states(cfg, world, r.rank)["params"], r.held["params"],
+                      "bytes")]
+    return rows
 
 
 def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[Twin],
@@ -181,11 +223,26 @@ def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[
             "losses": r0.losses, "val": [{"step": s, "loss": v} for s, v in r0.val],
             "error_definition": ERROR_DEFINITION,
             "twins": {t.name: t.to_json() for t in rows}, "skipped_steps": r0.skipped,
-            "predicted_phases": step_seconds(cfg, world, busiest.buckets, rates, busiest.sp_elements),
+            "predicted_phases": step_seconds(cfg, world, busiest.buckets, rates, busiest.sp_elements, busiest.rank),
             "probe": rates, "probes": probes or probe_summary(cfg, world, results),
-            "communication_model": comm_seconds(cfg, world, busiest.buckets, rates, busiest.sp_elements)["source"],
-            "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets, busiest.sp_elements),
+            "communication_model": comm_seconds(cfg, world, busiest.buckets, rates, busiest.sp_elements,
+                                                busiest.rank)["source"],
+            "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets, busiest.sp_elements,
+                                                            busiest.rank),
+            "pipeline": _pipeline_json(cfg, world, results),
             "ranks": [_rank_json(r) for r in results]}
+
+
+def _pipeline_json(cfg: TrainConfig, world: int, results: list[RankResult]) -> dict | None:
+    """The measured schedule of the last steady step, stage by stage (what `--pipeline-plot` draws)."""
+    if cfg.pp == 1:
+        return None
+    stages = _stage_ranks(cfg, world, results)
+    return {"schedule": cfg.schedule, "virtual_stages": cfg.virtual_stages, "micro_batches": cfg.grad_accum,
+            "idle_fraction": {"predicted": pipe.bubble(cfg),
+                              "measured": pipe.measured_bubble([r.timelines for r in stages])},
+            "timeline": [[{"kind": k, "micro": mb, "chunk": c, "start": t0, "end": t1}
+                          for k, mb, c, t0, t1 in (r.timelines[-1] if r.timelines else [])] for r in stages]}
 
 
 def _rank_json(r: RankResult) -> dict:
@@ -229,4 +286,6 @@ def _fmt(x: float, unit: str) -> str:
         return f"{x / 2**20:,.3f} MiB"
     if unit == "s":
         return f"{x * 1e3:,.1f} ms"
+    if unit == "fraction":
+        return f"{x:.1%}"
     return f"{x:,.0f} {unit}"

@@ -19,9 +19,11 @@ from ..parallel.recompute import SavedBytes
 
 
 class StepHooks:
-    """Seconds per phase of one step; `saved_bytes` of the first forward when `measure` is set."""
+    """Seconds per phase of one step ("pipeline_wait": a pipeline stage waiting for its peers'
+    messages); `saved_bytes` of the first forward when `measure` is set (a pipeline stage: the most
+    it held at once)."""
 
-    PHASES = ("forward", "backward", "comm", "optimizer")
+    PHASES = ("forward", "backward", "comm", "optimizer", "pipeline_wait")
 
     def __init__(self, model, measure: bool = False) -> None:
         self.model, self.measure = model, measure

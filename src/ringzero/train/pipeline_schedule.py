@@ -1,0 +1,158 @@
+"""Pipeline schedules run: each stage plays its actions from `plan.pipeline` (GPipe, 1F1B,
+interleaved 1F1B) on its model chunks, passing activations forward and gradients back by metered
+point-to-point (`ringzero.comm.point_to_point`).
+
+Why this cannot deadlock: a stage blocks only on a receive, right before the action that needs it;
+every send is posted without waiting (and waited for at the end of the step). So a stage waits only
+for a message whose sender has reached it in its own action list, and the schedules' action lists
+are exactly those `plan.pipeline.simulate` plays with instantaneous messages, where a schedule that
+could wait forever raises. Activations and gradients travel under different tags, so the two streams
+between one pair of stages (both exist under interleaving, and with two stages) never cross.
+
+What each stage records, per step: when each forward and backward began and ended (one clock for the
+ranks of a machine: `time.perf_counter`, CLOCK_MONOTONIC), the time it waited for messages, and
+when measuring, the bytes autograd saved in each forward, to find the peak held at once (the
+activation twin: GPipe holds all m micro-batches, 1F1B at most p - i on stage i).
+
+Synthetic costs (`cost=(forward_s, backward_s)`): each stage's forward and backward of a micro-batch
+last at least that long (v chunks share it), padded with a sleep, so on a machine whose cores the
+ranks share the schedule, not the load, sets the timing and the measured idle fraction can be held
+against (p-1)/(m+p-1).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..comm import point_to_point
+from ..parallel.recompute import SavedBytes
+from ..plan import pipeline as schedules
+
+ACTIVATIONS, GRADIENTS = 1, 2
+"""Message tags of the two streams."""
+
+
+class PipelineSchedule:
+    """Stage `topology.pp_rank`'s part of `schedule` over `stages` (a `parallel.pipeline.PipelineStages`)."""
+
+    def __init__(self, stages, topology, schedule: str, virtual_stages: int, activation_shape: tuple[int, ...],
+                 dtype: torch.dtype, cost: tuple[float, float] | None = None) -> None:
+        self.stages, self.topology, self.schedule, self.v = stages, topology, schedule, virtual_stages
+        self.shape, self.dtype, self.cost = activation_shape, dtype, cost
+        self.numel = stages.incoming_numel(int(torch.Size(activation_shape).numel()))
+        p, i = topology.pp, topology.pp_rank
+        self.prev, self.next = (i - 1) % p, (i + 1) % p
+        self.events: list[tuple[str, int, int, float, float]] = []
+        """The last step's (kind, micro, local chunk, start, end)."""
+        self.peak_inflight = 0
+        """The most chunk micro-batches whose activations this stage held at once in the last step."""
+
+    # -- messages ---------------------------------------------------------------------------------
+    def _recv(self, peer: int, tag: int, hooks) -> torch.Tensor:
+        buf = torch.empty(self.numel, dtype=self.dtype)
+        _, works = point_to_point.post(recvs=[(peer, buf)], group=self.topology.pp_group, tag=tag)
+        with hooks.phase("pipeline_wait"):
+            for w in works:
+                w.wait()
+        return buf
+
+    def _send(self, peer: int, t: torch.Tensor, tag: int) -> None:
+        works, more = point_to_point.post(sends=[(peer, t)], group=self.topology.pp_group, tag=tag)
+        self._sending.append((works + more, t))        # the tensor must live until the send completes
+
+    def _pad(self, start: float, kind: str) -> None:
+        if self.cost is None:
+            return
+        rest = start + self.cost[0 if kind == "F" else 1] / self.v - time.perf_counter()
+        if rest > 0:
+            time.sleep(rest)
+
+    # -- one step ---------------------------------------------------------------------------------
+    def run(self, model, strategy, micro_batches: list, loss_scale, hooks) -> list[float]:
+        """Losses of the micro-batches (on the last stage; empty elsewhere); gradients reduced over
+        the tied-embedding pair and the dp group, left in `strategy`."""
+        st, topo = self.stages, self.topology
+        acts = schedules.actions(topo.pp_rank, topo.pp, len(micro_batches), self.schedule, self.v)
+        strategy.sync = False
+        self._sending, self.events, losses = [], [], []
+        held: dict[tuple[int, int], tuple] = {}
+        saved: dict[tuple[int, int], int] = {}
+        self.peak_inflight = peak_bytes = 0
+        for a in acts:
+            key = (a.micro, a.chunk)
+            if a.kind == "F":
+                x, y = micro_batches[a.micro]
+                leaf = None
+                if not st.is_first(a.chunk):
+                    leaf = self._recv(self.prev, ACTIVATIONS, hooks).requires_grad_(True)
+                t0 = time.perf_counter()
+                with hooks.phase("forward"):
+                    if not st.is_first(a.chunk):
+                        x = st.gather_activation(leaf, self.shape)
+                    meter = SavedBytes(model) if hooks.measure else None
+                    if meter is not None:
+                        with meter:
+                            out = st.forward(a.chunk, x, y)
+                        saved[key] = meter.total
+                    else:
+                        out = st.forward(a.chunk, x, y)
+                    if st.is_last(a.chunk):
+                        losses.append(out.item())
+                        out = out * loss_scale
+                    else:
+                        self._send(self.next, st.outgoing(out), ACTIVATIONS)
+                self._pad(t0, "F")
+                held[key] = (leaf, out)
+                self.peak_inflight = max(self.peak_inflight, len(held))
+                peak_bytes = max(peak_bytes, sum(saved.values()))
+            else:
+                leaf, out = held.pop(key)
+                grad = None
+                if not st.is_last(a.chunk):
+                    grad = self._recv(self.next, GRADIENTS, hooks)
+                t0 = time.perf_counter()
+                with hooks.phase("backward"):
+                    if grad is not None:
+                        grad = st.gather_grad(grad, self.shape)
+                    torch.autograd.backward(out, grad)
+                    if leaf is not None:
+                        self._send(self.prev, leaf.grad, GRADIENTS)
+                self._pad(t0, "B")
+                saved.pop(key, None)
+            self.events.append((a.kind, a.micro, a.chunk, t0, time.perf_counter()))
+        with hooks.phase("pipeline_wait"):
+            for works, _ in self._sending:
+                for w in works:
+                    w.wait()
+        self._sending = []
+        if hooks.measure:
+            hooks.saved_bytes = peak_bytes
+        with hooks.phase("comm"):
+            st.sync_tied_grads(strategy)
+            strategy.reduce_now()
+        return losses
+
+    @torch.no_grad()
+    def forward_only(self, micro_batches: list) -> list[float]:
+        """Losses of `micro_batches` (x, y) through the pipeline, no backward (evaluation); on the
+        last stage, empty elsewhere."""
+        from .step_schedule import StepHooks
+        st, hooks = self.stages, StepHooks(None)
+        self._sending, losses = [], []
+        # Micro-batch by micro-batch, chunk by chunk: every stage waits only on earlier pairs.
+        for a in (schedules.Action("F", k, c) for k in range(len(micro_batches)) for c in range(self.v)):
+            x, y = micro_batches[a.micro]
+            if not st.is_first(a.chunk):
+                x = st.gather_activation(self._recv(self.prev, ACTIVATIONS, hooks), self.shape)
+            out = st.forward(a.chunk, x, y)
+            if st.is_last(a.chunk):
+                losses.append(out.item())
+            else:
+                self._send(self.next, st.outgoing(out), ACTIVATIONS)
+        for works, _ in self._sending:
+            for w in works:
+                w.wait()
+        self._sending = []
+        return losses

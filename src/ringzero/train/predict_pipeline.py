@@ -1,0 +1,147 @@
+"""The planner's prediction for one pipeline stage of a training run, in the run's own terms.
+
+Every figure is read off the same schedule the engine runs (`plan.pipeline.actions`) and the same
+cut (`plan.pipeline_layout`): which chunks a stage holds, how many micro-batches it holds at once,
+what it sends over its boundaries, and which collectives only the first or last stage makes (the
+tied embedding's gradient sum, the head's tensor-parallel collectives).
+"""
+
+from __future__ import annotations
+
+from ..plan import activations as act
+from ..plan import pipeline, tensor_parallel
+from ..plan.pipeline_layout import chunk_layers, stage_chunks, stage_params
+from .config import TrainConfig
+
+
+def stage_of(cfg: TrainConfig, world: int, rank: int) -> int:
+    return cfg.placement(world).coords(rank)["pp"]
+
+
+def params(cfg: TrainConfig, stage: int) -> int:
+    """Parameters one tp rank of `stage` holds."""
+    return stage_params(cfg.shape, cfg.tp, stage, cfg.pp, cfg.virtual_stages)
+
+
+def _actions(cfg: TrainConfig, stage: int) -> list[pipeline.Action]:
+    return pipeline.actions(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
+
+
+def inflight(cfg: TrainConfig, stage: int) -> int:
+    """Chunk micro-batches `stage` holds at its peak."""
+    return pipeline.inflight(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
+
+
+def _value_bytes(cfg: TrainConfig) -> int:
+    return 4 if cfg.precision == "fp32" else 2
+
+
+def chunk_activations(cfg: TrainConfig, per_layer: float, head: float) -> list[float]:
+    """Bytes one micro-batch's forward saves in each global chunk: its blocks, plus the head and
+    loss in the last (`per_layer`, `head`: `predict.activations`' terms)."""
+    ranges = chunk_layers(cfg.shape, cfg.pp * cfg.virtual_stages)
+    return [len(r) * per_layer + (head if g == len(ranges) - 1 else 0.0) for g, r in enumerate(ranges)]
+
+
+def peak_activations(cfg: TrainConfig, stage: int, per_layer: float, head: float) -> float:
+    """The most bytes of saved activations `stage` holds at once over its schedule."""
+    sizes = chunk_activations(cfg, per_layer, head)
+    held = peak = 0.0
+    for a in _actions(cfg, stage):
+        g = a.chunk * cfg.pp + stage
+        held += sizes[g] if a.kind == "F" else -sizes[g]
+        peak = max(peak, held)
+    return peak
+
+
+def boundary_numel(cfg: TrainConfig) -> int:
+    """Elements a tp rank sends per message: (b, s, h)/t (scatter/gather, or sequence parallelism's shard)."""
+    return cfg.micro_batch * cfg.shape.seq * cfg.shape.hidden // cfg.tp
+
+
+def boundary_bytes(cfg: TrainConfig) -> int:
+    """Bytes over one stage boundary per step, both ways, per tp rank: 2·m·b·s·h·bytes / t."""
+    m = cfg.shape
+    return pipeline.boundary_bytes(cfg.grad_accum, cfg.micro_batch, m.seq, m.hidden, _value_bytes(cfg), cfg.tp)
+
+
+def _messages(cfg: TrainConfig, stage: int) -> tuple[int, int]:
+    """(activations received, gradients received) by `stage` per step: one per forward of a chunk
+    that is not the model's first, one per backward of a chunk that is not its last."""
+    last = cfg.pp * cfg.virtual_stages - 1
+    acts = _actions(cfg, stage)
+    return (sum(a.kind == "F" and a.chunk * cfg.pp + stage > 0 for a in acts),
+            sum(a.kind == "B" and a.chunk * cfg.pp + stage < last for a in acts))
+
+
+def p2p_traffic(cfg: TrainConfig, stage: int) -> dict[str, int]:
+    """Bytes `stage` sends and receives point-to-point per step (a stage sends what its neighbours
+    receive: activations to the chunk after, gradients to the chunk before)."""
+    if cfg.pp == 1:
+        return {"bytes_sent": 0, "bytes_recv": 0}
+    last = cfg.pp * cfg.virtual_stages - 1
+    acts = _actions(cfg, stage)
+    sent = sum((a.kind == "F" and a.chunk * cfg.pp + stage < last) or
+               (a.kind == "B" and a.chunk * cfg.pp + stage > 0) for a in acts)
+    recv = sum(_messages(cfg, stage))
+    size = boundary_numel(cfg) * _value_bytes(cfg)
+    return {"bytes_sent": sent * size, "bytes_recv": recv * size}
+
+
+def tp_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, int]]:
+    """`stage`'s tensor-parallel collectives of one step: its blocks', the embedding's on the
+    first stage, the head's and loss's on the last, and under scatter/gather an all-gather of each
+    activation and gradient that arrives."""
+    first, last = stage == 0, stage == cfg.pp - 1
+    layers = sum(len(chunk_layers(cfg.shape, cfg.pp * cfg.virtual_stages)[g])
+                 for g in stage_chunks(stage, cfg.pp, cfg.virtual_stages))
+    out = [(c, n, 4 if "fp32" in what else _value_bytes(cfg), k * cfg.grad_accum)
+           for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.micro_batch, cfg.tp,
+                                                            sequence_parallel=cfg.sequence_parallel,
+                                                            recompute=cfg.recompute, layers=layers,
+                                                            first=first, last=last)]
+    if not cfg.sequence_parallel:
+        arrivals = sum(_messages(cfg, stage))
+        if arrivals:
+            out.append(("all_gather", boundary_numel(cfg) * cfg.tp, _value_bytes(cfg), arrivals))
+    return out
+
+
+def embedding_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, int]]:
+    """The tied embedding's gradient sum between the first and last stage (one tp rank's slice)."""
+    if cfg.pp == 1 or stage not in (0, cfg.pp - 1):
+        return []
+    m = cfg.shape
+    return [("all_reduce", tensor_parallel.padded_vocab(m.vocab, cfg.tp) * m.hidden // cfg.tp, _value_bytes(cfg), 1)]
+
+
+def activation_terms(cfg: TrainConfig, cuda: bool = False) -> tuple[float, float]:
+    """(bytes one block saves per micro-batch, bytes the embedding, head and loss save), as
+    `predict.activations` counts them."""
+    from .predict import fused_attention
+    m, t, sp = cfg.shape, cfg.tp, cfg.sequence_parallel
+    p = _value_bytes(cfg)
+    mask, dropout = (1 if cuda else p), cfg.dropout > 0
+    per_layer = act.layer_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, dropout=dropout,
+                                flash=fused_attention(cfg, cuda), recompute=cfg.recompute, mask_bytes=mask,
+                                tp=t, sp=sp, sp_keeps_gathered=True)
+    head = act.head_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, tp=t, sp=sp, dropout=dropout,
+                          mask_bytes=mask, vocab=tensor_parallel.padded_vocab(m.vocab, t))
+    return per_layer, head
+
+
+def bubble(cfg: TrainConfig) -> float:
+    """The planner's idle fraction of a step: (p-1)/(m+p-1), interleaved (p-1)/(v·m+p-1)."""
+    return pipeline.bubble_fraction(cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
+
+
+def measured_bubble(timelines: list[list[list[tuple]]]) -> float | None:
+    """The median over steps of the measured idle fraction; `timelines[stage][step]` holds that
+    stage's (kind, micro, chunk, start, end) events (None: nothing recorded)."""
+    import statistics
+    steps = min((len(t) for t in timelines), default=0)
+    if not steps:
+        return None
+    fractions = [pipeline.idle_fraction([[(e[:3], e[3], e[4]) for e in stage[k]] for stage in timelines])
+                 for k in range(steps)]
+    return statistics.median(fractions)
