@@ -1,9 +1,9 @@
 """torch's own pipeline parallelism on ringzero's GPT: the peer ringzero's pipeline engine is timed against.
 
 Every rank builds the whole GPT from the config's seed, cuts its blocks into pp·v contiguous chunks
-with `plan.pipeline.partition` at equal cost per block (the engine's cut), and keeps the chunks
-g = rank, rank + pp, ... (global chunk g lives on pipeline rank g % pp, as in ringzero and in
-`torch.distributed.pipelining`). Chunk 0 also runs the embedding (wte, wpe, dropout); the last
+exactly as ringzero's engine does (`plan.pipeline_layout.chunk_layers`: balanced by FLOPs, the tied
+head's matmul counted with the last chunk), and keeps the chunks g = rank, rank + pp, ... (global
+chunk g lives on pipeline rank g % pp, as in ringzero and in `torch.distributed.pipelining`). Chunk 0 also runs the embedding (wte, wpe, dropout); the last
 chunk runs the final LayerNorm and the tied head, and the schedule's `loss_fn` (the GPT's own
 `CrossEntropy`) turns its logits into the loss. Each chunk becomes a `PipelineStage`, driven by
 `ScheduleGPipe`, `Schedule1F1B` or `ScheduleInterleaved1F1B` with one micro-batch of
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..plan import pipeline
+from ..plan import pipeline, pipeline_layout
 from ..train.config import TrainConfig
 from ..train.data import ByteData, load_bytes
 from ..train.model import GPT
@@ -88,8 +88,8 @@ class TorchPipeline:
         torch.manual_seed(cfg.seed)
         gpt = GPT(cfg.shape, attention=cfg.attention, dropout=cfg.dropout)
         n = self.pp * virtual_stages
-        cuts = pipeline.partition([1.0] * cfg.shape.layers, n)
-        mine = range(self.rank, n, self.pp)                           # global chunk g on rank g % pp
+        cuts = pipeline_layout.chunk_layers(cfg.shape, n)
+        mine = pipeline_layout.stage_chunks(self.rank, self.pp, virtual_stages)
         self.chunks = [Chunk(gpt, cuts[g], g == 0, g == n - 1) for g in mine]
         stages = [PipelineStage(c, g, n, CPU, group=group) for c, g in zip(self.chunks, mine)]
         # Gradients are summed over the micro-batches and divided once here: torch's own scaling
