@@ -101,9 +101,9 @@ class PipelineSchedule:
                     if st.is_last(a.chunk):
                         losses.append(out.item())
                         out = out * loss_scale
-                    else:
-                        self._send(self.next, st.outgoing(out), ACTIVATIONS)
-                self._pad(t0, "F")
+                self._pad(t0, "F")             # before the send: the next stage starts when this ends
+                if not st.is_last(a.chunk):
+                    self._send(self.next, st.outgoing(out), ACTIVATIONS)
                 held[key] = (leaf, out)
                 self.peak_inflight = max(self.peak_inflight, len(held))
                 peak_bytes = max(peak_bytes, sum(saved.values()))
@@ -117,9 +117,9 @@ class PipelineSchedule:
                     if grad is not None:
                         grad = st.gather_grad(grad, self.shape)
                     torch.autograd.backward(out, grad)
-                    if leaf is not None:
-                        self._send(self.prev, leaf.grad, GRADIENTS)
                 self._pad(t0, "B")
+                if leaf is not None:
+                    self._send(self.prev, leaf.grad, GRADIENTS)
                 saved.pop(key, None)
             self.events.append((a.kind, a.micro, a.chunk, t0, time.perf_counter()))
         with hooks.phase("pipeline_wait"):

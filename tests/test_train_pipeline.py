@@ -1,0 +1,202 @@
+"""Pipeline parallelism inside the trainer: parity with one rank for every schedule, 3D parallelism,
+the twins (boundary bytes, traffic, model states, micro-batches and activations held per stage,
+the idle fraction under synthetic costs), and bad input.
+
+A pipeline of p stages runs the same micro-batches as one rank accumulating them, so its losses and
+final parameters (every stage's, the tied embedding's two copies included) must equal the single
+rank's within fp32 rounding (1e-5 relative) whatever the schedule. Every test has a timeout far below
+the suite's: a schedule that deadlocked would fail here, not hang.
+"""
+
+import json
+
+import pytest
+
+from ringzero import cli
+from ringzero.plan import pipeline
+from ringzero.train import predict, report
+from ringzero.train import predict_pipeline as pipe
+from ringzero.train.config import FieldError, TrainConfig
+from ringzero.train.engine import train_rank
+
+BASE = dict(model="nano", layers=8, seq=16, steps=2, micro_batch=1, eval_every=100, eval_batches=1,
+            max_bytes=1 << 16, clip=0.5, comm_algorithm="ring", lr=1e-2)
+RTOL = 1e-5
+ATOL_PARAMS = 2e-6
+"""Adam normalises each step, so rounding in a near-zero gradient moves a weight by up to ~lr·1e-4."""
+
+
+def _run(group, kw):
+    r = train_rank(TrainConfig(**{**BASE, **kw}), keep_params=True, group=group, calibrate=False)
+    params = {k.replace(".inner", ""): v for k, v in r.params.items()}
+    return r.rank, r.losses, r.val, params, r
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= RTOL * max(abs(b), 1e-3)
+
+
+def _compare(label, out, ref, bad, val=True, params_ref=None):
+    """Losses (and the validation loss, with `val`) against `ref`'s, parameters against
+    `params_ref`'s (default `ref`'s)."""
+    _, ref_losses, ref_val, ref_params, _ = ref
+    ref_params = ref_params if params_ref is None else params_ref[3]
+    for rank, losses, got_val, params, _ in out:
+        got = losses + ([v for _, v in got_val] if val else [])
+        want = ref_losses + ([v for _, v in ref_val] if val else [])
+        if len(got) != len(want) or not all(_close(a, b) for a, b in zip(got, want)):
+            bad.append(f"{label} rank {rank}: losses {got} != {want}")
+        if set(params) != set(ref_params):
+            bad.append(f"{label} rank {rank}: parameters {sorted(set(params) ^ set(ref_params))} differ in name")
+            continue
+        for name, want_p in ref_params.items():
+            if not all(abs(a - b) <= ATOL_PARAMS + RTOL * abs(b) for a, b in zip(params[name], want_p)):
+                bad.append(f"{label} rank {rank}: parameter {name} differs")
+                break
+
+
+def _cases():
+    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 1), ("interleaved", 2)):
+        for p in (2, 3, 4):
+            for m in sorted({1, p - 1, p, 2 * p + 1}):
+                try:
+                    pipeline.check(p, BASE["layers"], m, schedule, v)
+                except ValueError:
+                    continue
+                yield dict(pp=p, grad_accum=m, schedule=schedule, virtual_stages=v)
+
+
+@pytest.mark.timeout(400)
+def test_every_schedule_equals_one_rank(pool):
+    """GPipe, 1F1B and interleaved 1F1B (v = 1, 2) for p in {2, 3, 4} and m in {1, p-1, p, 2p+1}
+    (those the schedule runs): losses, validation loss and every parameter equal one rank's."""
+    cases = list(_cases())
+    refs = {m: pool.run(_run, dict(grad_accum=m), world=1)[0] for m in {c["grad_accum"] for c in cases}}
+    bad = []
+    for kw in cases:
+        _compare(kw, pool.run(_run, kw, world=kw["pp"]), refs[kw["grad_accum"]], bad)
+    assert not bad, "\n".join(bad)
+
+
+THREE_D = [  # (config, world); the reference is one rank over the same global batch
+    (dict(dp=2, tp=2, pp=2, strategy="zero1", grad_accum=2), 8),
+    (dict(dp=2, pp=2, strategy="zero1", grad_accum=4, schedule="interleaved", virtual_stages=2), 4),
+    (dict(tp=2, pp=2, grad_accum=3, schedule="gpipe", sequence_parallel=True), 4),
+]
+
+
+@pytest.mark.timeout(400)
+def test_3d_parallelism_equals_one_rank_and_every_twin_is_exact(pool):
+    """dp x tp x pp with ZeRO-1 over dp trains like one rank (its losses; its parameters equal the same
+    dp x tp run's without a pipeline, since tensor parallelism alone rounds Adam's near-zero updates
+    differently from one rank); per rank, bytes on the wire equal the
+    planner's exactly, model states too (up to ZeRO's padding), each stage holds the micro-batches
+    the schedule says at its peak (activation bytes within 10 %), and the point-to-point bytes over
+    each stage boundary are 2·m·b·s·h·bytes/t."""
+    bad = []
+    for kw, world in THREE_D:
+        cfg = TrainConfig(**{**BASE, **kw})
+        dp = cfg.placement(world).dp
+        ref = pool.run(_run, dict(grad_accum=cfg.grad_accum * dp), world=1)[0]
+        flat = {k: v for k, v in kw.items() if k not in ("pp", "schedule", "virtual_stages")}
+        same_grid = pool.run(_run, flat, world=world // cfg.pp)[0]
+        out = pool.run(_run, kw, world=world)
+        _compare(kw, out, ref, bad, val=dp == 1, params_ref=same_grid)
+        results = [r for *_, r in out]
+        for r in results:
+            sent = sum(op["bytes_sent"] for op in r.traffic["ops"].values())
+            twin = predict.traffic(cfg, world, r.buckets, r.rank, r.sp_elements)["bytes_sent"]
+            if sent != twin:
+                bad.append(f"{kw} rank {r.rank}: bytes sent {sent} != planner {twin}")
+            for state, value in predict.states(cfg, world, r.rank).items():
+                diff, pad = r.held[state] - value, len(r.buckets) * dp * (8 if state == "optimizer" else 4)
+                if not 0 <= diff < pad:
+                    bad.append(f"{kw} rank {r.rank}: {state} held {r.held[state]} vs planner {value:.0f}")
+            stage = pipe.stage_of(cfg, world, r.rank)
+            if r.inflight != pipe.inflight(cfg, stage):
+                bad.append(f"{kw} stage {stage}: held {r.inflight} micro-batches, schedule says "
+                           f"{pipe.inflight(cfg, stage)}")
+            want = predict.activations(cfg, stage=stage)
+            if abs(r.activations - want) > 0.1 * want:
+                bad.append(f"{kw} stage {stage}: activations at peak {r.activations} vs planner {want:.0f}")
+        rows = {t.name: t for t in report.pipeline_twins(cfg, world, results)}
+        boundary = rows["pipeline bytes per stage boundary"]
+        if boundary.measured != boundary.predicted or boundary.predicted != 2 * cfg.grad_accum * cfg.micro_batch * \
+                cfg.shape.seq * cfg.shape.hidden * 4 // cfg.tp:
+            bad.append(f"{kw}: boundary bytes measured {boundary.measured}, planner {boundary.predicted}")
+    assert not bad, "\n".join(bad)
+
+
+BUBBLE_CASES = [("gpipe", 2, 2, 1), ("1f1b", 2, 5, 1), ("1f1b", 3, 3, 1), ("gpipe", 3, 7, 1),
+                ("1f1b", 4, 1, 1), ("1f1b", 4, 4, 1), ("interleaved", 2, 4, 2)]
+
+
+def _timelines(group, kw):
+    r = train_rank(TrainConfig(**{**BASE, "steps": 3, "clip": None, **kw}), group=group, calibrate=False)
+    return r.stage, r.timelines
+
+
+@pytest.mark.timeout(300)
+def test_idle_fraction_under_synthetic_costs_is_the_bubble(pool):
+    """Stages whose forward takes 50 ms and backward 100 ms (a sleep: the ranks share two cores) are
+    idle (p-1)/(m+p-1) of a step, (p-1)/(v·m+p-1) interleaved, within 3 percentage points."""
+    bad = []
+    for schedule, p, m, v in BUBBLE_CASES:
+        kw = dict(pp=p, grad_accum=m, schedule=schedule, virtual_stages=v, pipeline_cost=(0.05, 0.1))
+        out = sorted(pool.run(_timelines, kw, world=p))
+        measured = pipe.measured_bubble([t for _, t in out])
+        predicted = pipe.bubble(TrainConfig(**{**BASE, **kw}))
+        if abs(measured - predicted) > 0.03:
+            bad.append(f"{schedule} p={p} m={m} v={v}: idle {measured:.3f}, planner {predicted:.3f}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(pp=2, grad_accum=3, schedule="interleaved"), "multiple of pp=2"),
+    (dict(pp=3, layers=2), "more than the 2 layers"),
+    (dict(pp=2, virtual_stages=2, grad_accum=2), "need the interleaved schedule"),
+    (dict(pp=2, strategy="zero3"), "cannot run under pipeline parallelism"),
+    (dict(pp=2, strategy="zero2"), "cannot run under pipeline parallelism"),
+    (dict(schedule="zero-bubble"), "schedule 'zero-bubble' is not supported"),
+    (dict(pipeline_cost=(0.1, 0.2)), "need pp > 1"),
+])
+def test_bad_pipeline_input_is_one_line(kw, match):
+    with pytest.raises(FieldError, match=match):
+        TrainConfig(**{**BASE, **kw})
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("argv, words", [
+    (["--nproc", "4", "--pp", "3"], ("pp=3 does not divide the 4 ranks",)),
+    (["--nproc", "2", "--pp", "2", "--grad-accum", "3", "--schedule", "interleaved"], ("multiple of pp=2",)),
+    (["--nproc", "2", "--pp", "2", "--strategy", "zero3"], ("zero3", "pipeline")),
+    (["--nproc", "2", "--pipeline-plot", "x.png"], ("--pipeline-plot", "--pp > 1")),
+    (["--nproc", "2", "--pp", "2", "--pipeline-cost", "fast"], ("--pipeline-cost",)),
+    (["--nproc", "2", "--layout", "auto", "--tp", "2"], ("--layout auto chooses --tp",)),
+])
+def test_bad_pipeline_command_line_exits_2_before_any_rank(capsys, tmp_path, argv, words):
+    out = tmp_path / "report.json"
+    code = cli.main(["train", *argv, "--steps", "2", "--seq", "16", "--json-report", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("ringzero: error:") and "\n" not in err, err
+    assert all(w in err for w in words), err
+    assert not out.exists()
+
+
+@pytest.mark.timeout(300)
+def test_train_command_draws_the_schedule_and_reports_the_pipeline(capsys, tmp_path):
+    """`ringzero train --pp 2 --pipeline-plot`: a PNG of the measured schedule, the JSON report's
+    pipeline section with one timeline per stage, and the twins table with per-stage rows."""
+    plot, out = tmp_path / "schedule.png", tmp_path / "report.json"
+    code = cli.main(["train", "--nproc", "2", "--pp", "2", "--grad-accum", "4", "--steps", "3", "--seq", "16",
+                     "--micro-batch", "1", "--max-bytes", "65536", "--layers", "4", "--quiet",
+                     "--pipeline-plot", str(plot), "--json-report", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(out.read_text())
+    timeline = data["pipeline"]["timeline"]
+    assert len(timeline) == 2 and all(len(stage) == 2 * 4 for stage in timeline)
+    assert data["twins"]["pipeline bytes per stage boundary"]["error"] == 0
+    assert data["twins"]["stage 1: micro-batches held at peak"]["measured"] == 1
+    assert "stage 0:" in text and "stage 1:" in text
