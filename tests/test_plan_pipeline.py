@@ -168,3 +168,28 @@ def test_engine_layout_keeps_zero_2_and_3_off_pipelines():
     with pytest.raises(ValueError, match="no layout of nano fits on 2 GPUs") as err:
         engine_layout(NANO, Training(), 2, tiny)
     assert "\n" not in str(err.value)
+
+
+def test_interleaved_with_one_chunk_is_1f1b():
+    """v = 1 leaves nothing to interleave: the same actions as 1F1B on every stage."""
+    from ringzero.plan import pipeline
+    for p in (2, 3, 4):
+        for m in (p, 2 * p):
+            for i in range(p):
+                assert pipeline.actions(i, p, m, "interleaved", 1) == pipeline.actions(i, p, m, "1f1b")
+
+
+def test_messages_and_held_bytes_follow_the_actions():
+    """A middle stage of 1F1B receives and sends one activation and one gradient per micro-batch; the
+    first sends no gradient, the last no activation; under interleaving every chunk boundary is
+    crossed (v per micro-batch each way, minus the model's two ends). Held bytes weight each chunk."""
+    from ringzero.plan import pipeline
+    m = 5
+    n = [pipeline.messages(i, 3, m, "1f1b") for i in range(3)]
+    assert n[1] == dict(activations_sent=m, activations_received=m, gradients_sent=m, gradients_received=m)
+    assert n[0]["gradients_sent"] == n[0]["activations_received"] == 0 and n[0]["activations_sent"] == m
+    assert n[2]["activations_sent"] == n[2]["gradients_received"] == 0
+    inter = [pipeline.messages(i, 2, 4, "interleaved", 2) for i in range(2)]
+    assert sum(x["activations_sent"] for x in inter) == 4 * (2 * 2 - 1)
+    assert pipeline.held_at_peak(0, 2, 4, "gpipe", sizes=[3.0, 5.0]) == 4 * 3.0
+    assert pipeline.held_at_peak(1, 2, 4, "1f1b", sizes=[3.0, 5.0]) == 5.0

@@ -10,6 +10,9 @@ The targets, each printed with its ratio and whether it is met:
   model-state bytes <= FSDP2's;
 - with `--tp T`, tensor parallelism over the T ranks: step time <= 1.00 x torch's own
   (`parallelize_module` with ColwiseParallel / RowwiseParallel on the same model), losses equal;
+- with `--pp P`, pipeline parallelism over the P ranks, for GPipe, 1F1B and interleaved 1F1B (v = 2):
+  step time <= 1.00 x `torch.distributed.pipelining`'s ScheduleGPipe / Schedule1F1B /
+  ScheduleInterleaved1F1B on the same chunks, m = `--pp-microbatches` micro-batches, losses equal;
 - recomputation on one rank, on a shape where the 5·a·s²·b attention term is at least half the
   activations: full saves >= 80 % of the activation bytes at <= 35 % extra step time, selective
   saves >= 50 % at <= 5 %.
@@ -47,6 +50,10 @@ TARGETS = {
 }
 TP_TARGETS = {"tp_time_vs_torch_tp": ("ringzero tp step time / torch parallelize_module", 1.00, "<=")}
 """Added when `--tp` asks for the tensor-parallel comparison."""
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+PP_TARGETS = {f"pp_{s}_time_vs_torch": (f"ringzero {s} step time / torch.distributed.pipelining", 1.00, "<=")
+              for s in PP_SCHEDULES}
+"""Added when `--pp` asks for the pipeline comparison."""
 
 
 def add_arguments(parser) -> None:
@@ -67,6 +74,12 @@ def add_arguments(parser) -> None:
     a("--suites", default=",".join(SUITE_NAMES), help="comma list of dp, zero3, recompute (default all)")
     a("--tp", type=int, default=1,
       help="also compare tensor parallelism over the T = --nproc ranks with torch's parallelize_module (default 1: off)")
+    a("--pp", type=int, default=1,
+      help="also compare pipeline parallelism over the P = --nproc ranks with torch.distributed.pipelining "
+           "(default 1: off)")
+    a("--pp-layers", type=int, default=8, help="pipeline comparison: layers of the model (default 8)")
+    a("--pp-microbatches", type=int, default=None,
+      help="pipeline comparison: micro-batches per step (default 4 x --pp)")
     a("--rc-layers", type=int, default=2, help="recompute shape: layers (default 2)")
     a("--rc-hidden", type=int, default=1536, help="recompute shape: hidden (default 1536)")
     a("--rc-heads", type=int, default=96, help="recompute shape: heads (default 96, of 16)")
@@ -97,6 +110,15 @@ def build_job(args):
     if args.tp > 1:
         dataclasses.replace(cfg, tp=args.tp)             # the split must exist: one line if it cannot
         suites += ("tp",)
+    pp_cfg = None
+    if args.pp != 1:
+        if args.pp != args.nproc:
+            raise ValueError(f"--pp {args.pp}: the comparison pipelines the model over every rank; give --pp "
+                             f"equal to --nproc ({args.nproc}), or 1 for none")
+        m = args.pp_microbatches or 4 * args.pp
+        pp_cfg = dataclasses.replace(cfg, pp=args.pp, layers=args.pp_layers, grad_accum=m, micro_batch=1,
+                                     schedule="interleaved", virtual_stages=2)   # every schedule must run
+        suites += tuple(f"pp_{s}" for s in PP_SCHEDULES)
     rc = ModelShape(name="recompute", layers=args.rc_layers, hidden=args.rc_hidden, heads=args.rc_heads,
                     vocab=256, seq=args.rc_seq)
     if args.torch_adam not in ("foreach", "fused"):
@@ -104,7 +126,7 @@ def build_job(args):
     if args.rc_batch < 1:
         raise ValueError(f"--rc-batch must be >= 1, got {args.rc_batch}")
     return Job(cfg=cfg, suites=suites, rc_shape=rc, rc_batch=args.rc_batch, rc_steps=args.rc_steps,
-               torch_adam=args.torch_adam)
+               torch_adam=args.torch_adam, pp_cfg=pp_cfg)
 
 
 def _per_step_max(ranks: list[dict], suite: str, name: str, key: str = "times") -> list:
@@ -115,21 +137,23 @@ def _median(xs, skip):
     return statistics.median(xs[skip:])
 
 
-def summarize_pair(ranks: list[dict], suite: str, ours: str, peer: str, skip: int) -> dict:
+def summarize_pair(ranks: list[dict], suite: str, ours: str, peer: str, skip: int, loss_rank: int = 0) -> dict:
+    """Step times (the max over ranks, step by step), phases, model states and losses (of rank
+    `loss_rank`: a pipeline's last) of a variant and its peer, and their ratios."""
     if "errors" in ranks[0][suite]:
         return {"errors": ranks[0][suite]["errors"]}
     out: dict = {"variants": {}}
     for name in (ours, peer):
         times = _per_step_max(ranks, suite, name)
         phases = {k: _median([max(r[suite][name]["phases"][i][k] for r in ranks) for i in range(len(times))], skip)
-                  for k in ranks[0][suite][name]["phases"][0]}
+                  for k in ranks[0][suite][name]["phases"][0]}     # none for torch's pipelines: one call
         states = {k: max(r[suite][name]["states"][k] for r in ranks) for k in ranks[0][suite][name]["states"]}
         states["steady"] = states["params"] + states["grads"] + states["optimizer"]
         states["peak"] = max(r[suite][name]["states"]["params"] + r[suite][name]["states"]["grads"]
                              + r[suite][name]["states"]["optimizer"] + r[suite][name]["states"]["transient_peak"]
                              for r in ranks)
         out["variants"][name] = {"step_s": _median(times, skip), "times": times, "phases": phases,
-                                 "states": states, "losses": ranks[0][suite][name]["losses"]}
+                                 "states": states, "losses": ranks[loss_rank][suite][name]["losses"]}
     a, b = out["variants"][ours], out["variants"][peer]
     out["time_ratio"] = a["step_s"] / b["step_s"]
     out["paired_time_ratio"] = _median([x / y for x, y in zip(a["times"], b["times"])], skip)
@@ -171,6 +195,9 @@ def targets(result: dict) -> list[dict]:
         vals["dp_time_vs_ddp"] = result["dp"]["time_ratio"]
     if "time_ratio" in result.get("tp", {}):
         vals["tp_time_vs_torch_tp"] = result["tp"]["time_ratio"]
+    for s in PP_SCHEDULES:
+        if "time_ratio" in result.get(f"pp_{s}", {}):
+            vals[f"pp_{s}_time_vs_torch"] = result[f"pp_{s}"]["time_ratio"]
     if "time_ratio" in result.get("zero3", {}):
         vals["zero3_time_vs_fsdp2"] = result["zero3"]["time_ratio"]
         vals["zero3_state_vs_fsdp2"] = result["zero3"]["state_ratio"]
@@ -179,10 +206,11 @@ def targets(result: dict) -> list[dict]:
             vals[f"{mode}_saved"] = result["recompute"]["modes"][mode]["saved"]
             vals[f"{mode}_extra_time"] = result["recompute"]["modes"][mode]["extra_time"]
     impossible = {k for suite, keys in (("dp", ("dp_time_vs_ddp",)), ("tp", ("tp_time_vs_torch_tp",)),
-                                        ("zero3", ("zero3_time_vs_fsdp2", "zero3_state_vs_fsdp2")))
+                                        ("zero3", ("zero3_time_vs_fsdp2", "zero3_state_vs_fsdp2")),
+                                        *((f"pp_{s}", (f"pp_{s}_time_vs_torch",)) for s in PP_SCHEDULES))
                   if "errors" in result.get(suite, {}) for k in keys}
     rows = []
-    for key, (what, bound, op) in {**TARGETS, **TP_TARGETS}.items():
+    for key, (what, bound, op) in {**TARGETS, **TP_TARGETS, **PP_TARGETS}.items():
         if key in vals:
             v = vals[key]
             rows.append({"key": key, "what": what, "value": v, "op": op, "bound": bound,
@@ -229,6 +257,7 @@ def print_report(result: dict, console=None) -> None:
             t.add_row(name, *(f"{x * 1e3:.1f}" for x in ms), _mib(st["steady"]), _mib(st["peak"]),
                       f"{r['max_loss_diff']:.1e}" if i else "")
     console.print(t)
+    _print_pipelines(result, console)
     if "recompute" in result:
         r = result["recompute"]
         sh = r["shape"]
@@ -253,6 +282,34 @@ def print_report(result: dict, console=None) -> None:
         met = {True: "[green]met[/green]", False: "[red]not met[/red]", None: "[red]not possible[/red]"}
         t.add_row(row["what"], "-" if row["value"] is None else fmt.format(row["value"]),
                   f"{row['op']} {fmt.format(row['bound'])}", met[row["met"]])
+    console.print(t)
+
+
+def _print_pipelines(result: dict, console) -> None:
+    """One row per pipeline variant: torch's schedules run a whole step in one call, so only the
+    step time, and ringzero's wait for messages, are shown."""
+    from rich import box
+    from rich.table import Table
+    suites = [s for s in PP_SCHEDULES if f"pp_{s}" in result]
+    if not suites:
+        return
+    s = result["settings"]["pipeline"]
+    t = Table(title=f"pipeline parallelism over {result['nproc']} stages: GPT {s['layers']} x "
+                    f"{result['settings']['model']['hidden']}, m = {s['micro_batches']} micro-batches of "
+                    f"{s['micro_batch']}, interleaved with v = 2 (ms, median of the max over ranks)",
+              title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("variant", "step", "pipeline wait", "max |Δloss|"):
+        t.add_column(col, justify="left" if col == "variant" else "right")
+    for name in suites:
+        r = result[f"pp_{name}"]
+        if "errors" in r:
+            for variant, err in r["errors"].items():
+                t.add_row(variant, f"[red]not possible: {err}[/red]")
+            continue
+        for i, (variant, v) in enumerate(r["variants"].items()):
+            wait = v["phases"].get("pipeline_wait")
+            t.add_row(variant, f"{v['step_s'] * 1e3:.1f}", "" if wait is None else f"{wait * 1e3:.1f}",
+                      f"{r['max_loss_diff']:.1e}" if i else "")
     console.print(t)
 
 
@@ -283,6 +340,13 @@ def benchmark(args) -> dict:
         result["zero3"] = summarize_pair(ranks, "zero3", "rz_zero3", "fsdp2", args.skip)
     if "tp" in job.suites:
         result["tp"] = summarize_pair(ranks, "tp", "rz_tp", "torch_tp", args.skip)
+    if job.pp_cfg is not None:
+        p = job.pp_cfg
+        result["settings"]["pipeline"] = {"layers": p.shape.layers, "micro_batches": p.grad_accum,
+                                          "micro_batch": p.micro_batch, "virtual_stages": p.virtual_stages}
+        for s in PP_SCHEDULES:
+            result[f"pp_{s}"] = summarize_pair(ranks, f"pp_{s}", f"rz_pp_{s}", f"torch_pp_{s}", args.skip,
+                                               loss_rank=-1)
     if "recompute" in job.suites:
         result["recompute"] = summarize_recompute(ranks[0]["recompute"], job, args.skip)
     result["targets"] = targets(result)

@@ -11,6 +11,9 @@ process group:
   (`Job.torch_adam`: foreach, torch's default, or fused) + `clip_grad_norm_`.
 - FSDP2: `fully_shard` on every block, then on the root (reshard after forward: the blocks are
   gathered again for backward, as ringzero's ZeRO-3 does), + AdamW on the DTensor shards.
+- torch pipelining (against ringzero's `--pp` over every rank): `torch.distributed.pipelining`'s
+  ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B on the same chunks of the GPT
+  (`bench.pp_peer`), + AdamW; ringzero runs the same schedule (`train.pipeline_schedule`).
 - torch tensor parallelism (against ringzero's `--tp` over every rank): `parallelize_module` with
   `ColwiseParallel` on qkv and the first MLP matrix and `RowwiseParallel` on the two output
   projections, + AdamW on the DTensors. The fused qkv rows are reordered first so that torch's
@@ -42,9 +45,12 @@ from ..train.config import TrainConfig
 from ..train.data import ByteData, load_bytes
 from ..train.engine import RankResult, Trainer
 from ..train.model import GPT
-from . import tp_peer
+from . import pp_peer, tp_peer
 
-SUITES = {"dp": ("rz_dp", "ddp"), "zero3": ("rz_zero3", "fsdp2"), "tp": ("rz_tp", "torch_tp")}
+SUITES = {"dp": ("rz_dp", "ddp"), "zero3": ("rz_zero3", "fsdp2"), "tp": ("rz_tp", "torch_tp"),
+          "pp_gpipe": ("rz_pp_gpipe", "torch_pp_gpipe"), "pp_1f1b": ("rz_pp_1f1b", "torch_pp_1f1b"),
+          "pp_interleaved": ("rz_pp_interleaved", "torch_pp_interleaved")}
+PIPELINE_SUITES = ("pp_gpipe", "pp_1f1b", "pp_interleaved")
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class Job:
     rc_steps: int
     torch_adam: str = "foreach"
     """torch.optim.AdamW implementation of the DDP/FSDP2 peers: "fused" or "foreach" (torch's default)."""
+    pp_cfg: TrainConfig | None = None
+    """The pipeline comparisons' run (pp = the ranks, its micro-batches and layers; schedule per suite)."""
 
 
 def _nbytes(ts) -> int:
@@ -81,7 +89,7 @@ def _sampling(fn):
 
 class _Ringzero:
     def __init__(self, cfg: TrainConfig, group) -> None:
-        topology = Topology.build(cfg.placement(dist.get_world_size(group)), group) if cfg.tp > 1 \
+        topology = Topology.build(cfg.placement(dist.get_world_size(group)), group) if cfg.tp * cfg.pp > 1 \
             else Topology.data_parallel(group)
         self.trainer = Trainer(cfg, topology)
         self.res = RankResult(rank=dist.get_rank())
@@ -210,7 +218,32 @@ class _Torch:
         pass
 
 
+class _TorchPipeline:
+    """`pp_peer.TorchPipeline` as a variant: one step per call, its loss (None but on the last rank)."""
+
+    def __init__(self, cfg: TrainConfig, group, data: ByteData) -> None:
+        self.peer = pp_peer.TorchPipeline(cfg, group, cfg.schedule, cfg.virtual_stages, data)
+
+    def step(self, i: int, measure: bool = False) -> tuple[float | None, dict]:
+        loss = self.peer.step(i)
+        return loss, {}
+
+    def states(self) -> dict:
+        p = self.peer
+        opt = _nbytes(t for s in p.opt.state.values() for t in s.values() if torch.is_tensor(t))
+        return {"params": _nbytes(p.params), "grads": _nbytes(q.grad for q in p.params), "optimizer": opt,
+                "transient_peak": 0}
+
+    def close(self) -> None:
+        pass
+
+
 def _build(name: str, job: Job, group, data: ByteData):
+    if name.startswith(("rz_pp_", "torch_pp_")):
+        schedule = name.rsplit("_", 1)[1]
+        cfg = dataclasses.replace(job.pp_cfg, schedule=schedule,
+                                  virtual_stages=2 if schedule == "interleaved" else 1)
+        return _Ringzero(cfg, group) if name.startswith("rz_") else _TorchPipeline(cfg, group, data)
     if name == "rz_tp":
         return _Ringzero(dataclasses.replace(job.cfg, strategy="dp", tp=dist.get_world_size(group)), group)
     if name.startswith("rz_"):

@@ -107,9 +107,9 @@ def pp_row(m: ModelShape, tr: Training, par: Parallel) -> Row:
     """Activations forward and gradients backward across the p-1 stage boundaries."""
     p, what_if = _degree(par.pp, min(par.gpus, m.layers))
     b, s, h, k = tr.micro_batch, m.seq, m.hidden, tr.bytes_per_value
-    split = par.tp if par.sequence_parallel else 1
+    split = par.tp             # Megatron's scatter/gather (or SP's shard): 1/t per tp rank (Narayanan et al. 2021 §4.1)
     one = (b * s * h // split) * k
-    scope = "whole pipeline, per micro-batch" + (f", one tp rank's 1/{split} slice (SP)" if split > 1 else "")
+    scope = "whole pipeline, per micro-batch" + (f", one tp rank's 1/{split} slice" if split > 1 else "")
     return Row("PP", p, what_if, scope,
                "2·(p-1)·b·s·h", seed_pp_bytes(p, b, s, h, k),
                "2·(p-1)·b·s·h" + ("/t" if split > 1 else ""), 2 * (p - 1) * one)

@@ -91,11 +91,36 @@ def actions(stage: int, pp: int, microbatches: int, schedule: str, virtual_stage
 def inflight(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1) -> int:
     """Chunk micro-batches whose activations `stage` holds at its peak (a forward done, its backward
     not): GPipe m, 1F1B min(p - i, m), interleaved more on the first stages (its longer warm-up)."""
-    held = peak = 0
+    return int(held_at_peak(stage, pp, microbatches, schedule, virtual_stages))
+
+
+def held_at_peak(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1,
+                 sizes: list[float] | None = None) -> float:
+    """The most `stage` holds at once over its schedule: what each forward saves until its backward,
+    `sizes[g]` for global chunk g (bytes of one micro-batch), or 1 per chunk when None."""
+    held = peak = 0.0
     for a in actions(stage, pp, microbatches, schedule, virtual_stages):
-        held += 1 if a.kind == "F" else -1
+        size = 1.0 if sizes is None else sizes[a.chunk * pp + stage]
+        held += size if a.kind == "F" else -size
         peak = max(peak, held)
     return peak
+
+
+def messages(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1) -> dict[str, int]:
+    """Point-to-point messages of `stage` per step: activations it sends (a forward of any chunk but
+    the model's last) and receives (of any but the first), gradients it sends (a backward of any
+    chunk but the first) and receives (of any but the last)."""
+    last = pp * virtual_stages - 1
+    out = dict.fromkeys(("activations_sent", "activations_received", "gradients_sent", "gradients_received"), 0)
+    for a in actions(stage, pp, microbatches, schedule, virtual_stages):
+        g = a.chunk * pp + stage
+        if a.kind == "F":
+            out["activations_sent"] += g < last
+            out["activations_received"] += g > 0
+        else:
+            out["gradients_sent"] += g > 0
+            out["gradients_received"] += g < last
+    return out
 
 
 def simulate(pp: int, microbatches: int, schedule: str, virtual_stages: int = 1,

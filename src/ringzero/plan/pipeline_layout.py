@@ -44,6 +44,13 @@ def stage_layers(m: ModelShape, stage: int, pp: int, virtual_stages: int = 1) ->
     return sum(len(ranges[g]) for g in stage_chunks(stage, pp, virtual_stages))
 
 
+def stage_flops_per_token(m: ModelShape, stage: int, pp: int, virtual_stages: int = 1,
+                          recompute: str = "none") -> float:
+    """Forward + backward FLOPs per token of pipeline rank `stage`: its blocks, and the head on the last."""
+    return (layer_flops_per_token(m, recompute) * stage_layers(m, stage, pp, virtual_stages)
+            + (head_flops_per_token(m) if stage == pp - 1 else 0.0))
+
+
 def stage_params(m: ModelShape, tp: int, stage: int, pp: int, virtual_stages: int = 1) -> int:
     """Parameters one tp rank of pipeline rank `stage` holds: its blocks (their tp share), the token
     embedding's slice and the positions on the first stage, a copy of the token embedding's slice

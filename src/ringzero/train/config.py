@@ -190,9 +190,9 @@ class TrainConfig:
             raise FieldError(what.split()[-1], f"{what}={model_parallel} does not divide the {world} ranks")
         dp = self.dp if self.dp is not None else world // model_parallel
         if dp * model_parallel != world:
+            grid = f"dp x tp = {dp} x {self.tp}" if self.pp == 1 else f"dp x tp x pp = {dp} x {self.tp} x {self.pp}"
             raise FieldError("dp" if self.dp is not None else "tp",
-                             f"dp x tp x pp = {dp} x {self.tp} x {self.pp} = {dp * model_parallel} must equal "
-                             f"the {world} ranks")
+                             f"{grid} = {dp * model_parallel} must equal the {world} ranks")
         return Placement(dp=dp, tp=self.tp, pp=self.pp)
 
     @property

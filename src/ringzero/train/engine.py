@@ -213,16 +213,11 @@ class Trainer:
         self.queue.close()
 
     def full_params(self) -> dict[str, list[float]]:
-        """Every parameter's full value (gathered over dp when sharded, over tp when split), by name,
-        as flat float lists."""
+        """Every parameter of this rank's pipeline stage, its full value (gathered over dp when
+        sharded, over tp when split), by name, as flat float lists."""
         params = dict(self.model.named_parameters())
-        mine = {k: unshard(v, params[k], self.topo, self.cfg.tp_algorithm).float().reshape(-1).tolist()
+        return {k: unshard(v, params[k], self.topo, self.cfg.tp_algorithm).float().reshape(-1).tolist()
                 for k, v in self.strategy.full_params().items()}
-        if self.topo.pp == 1:
-            return mine
-        stages = [None] * self.topo.pp                  # every stage's parameters (plain data; tests only)
-        dist.all_gather_object(stages, mine, group=self.topo.pp_group)
-        return {k: v for stage in stages for k, v in stage.items()}
 
 
 def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,

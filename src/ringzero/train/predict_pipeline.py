@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..plan import activations as act
 from ..plan import pipeline, tensor_parallel
-from ..plan.pipeline_layout import chunk_layers, stage_chunks, stage_params
+from ..plan.pipeline_layout import chunk_layers, stage_layers, stage_params
 from .config import TrainConfig
 
 
@@ -21,10 +21,6 @@ def stage_of(cfg: TrainConfig, world: int, rank: int) -> int:
 def params(cfg: TrainConfig, stage: int) -> int:
     """Parameters one tp rank of `stage` holds."""
     return stage_params(cfg.shape, cfg.tp, stage, cfg.pp, cfg.virtual_stages)
-
-
-def _actions(cfg: TrainConfig, stage: int) -> list[pipeline.Action]:
-    return pipeline.actions(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
 
 
 def inflight(cfg: TrainConfig, stage: int) -> int:
@@ -45,13 +41,8 @@ def chunk_activations(cfg: TrainConfig, per_layer: float, head: float) -> list[f
 
 def peak_activations(cfg: TrainConfig, stage: int, per_layer: float, head: float) -> float:
     """The most bytes of saved activations `stage` holds at once over its schedule."""
-    sizes = chunk_activations(cfg, per_layer, head)
-    held = peak = 0.0
-    for a in _actions(cfg, stage):
-        g = a.chunk * cfg.pp + stage
-        held += sizes[g] if a.kind == "F" else -sizes[g]
-        peak = max(peak, held)
-    return peak
+    return pipeline.held_at_peak(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages,
+                                 chunk_activations(cfg, per_layer, head))
 
 
 def boundary_numel(cfg: TrainConfig) -> int:
@@ -65,27 +56,17 @@ def boundary_bytes(cfg: TrainConfig) -> int:
     return pipeline.boundary_bytes(cfg.grad_accum, cfg.micro_batch, m.seq, m.hidden, _value_bytes(cfg), cfg.tp)
 
 
-def _messages(cfg: TrainConfig, stage: int) -> tuple[int, int]:
-    """(activations received, gradients received) by `stage` per step: one per forward of a chunk
-    that is not the model's first, one per backward of a chunk that is not its last."""
-    last = cfg.pp * cfg.virtual_stages - 1
-    acts = _actions(cfg, stage)
-    return (sum(a.kind == "F" and a.chunk * cfg.pp + stage > 0 for a in acts),
-            sum(a.kind == "B" and a.chunk * cfg.pp + stage < last for a in acts))
+def _messages(cfg: TrainConfig, stage: int) -> dict[str, int]:
+    return pipeline.messages(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
 
 
 def p2p_traffic(cfg: TrainConfig, stage: int) -> dict[str, int]:
-    """Bytes `stage` sends and receives point-to-point per step (a stage sends what its neighbours
-    receive: activations to the chunk after, gradients to the chunk before)."""
+    """Bytes `stage` sends and receives point-to-point per step."""
     if cfg.pp == 1:
         return {"bytes_sent": 0, "bytes_recv": 0}
-    last = cfg.pp * cfg.virtual_stages - 1
-    acts = _actions(cfg, stage)
-    sent = sum((a.kind == "F" and a.chunk * cfg.pp + stage < last) or
-               (a.kind == "B" and a.chunk * cfg.pp + stage > 0) for a in acts)
-    recv = sum(_messages(cfg, stage))
-    size = boundary_numel(cfg) * _value_bytes(cfg)
-    return {"bytes_sent": sent * size, "bytes_recv": recv * size}
+    n, size = _messages(cfg, stage), boundary_numel(cfg) * _value_bytes(cfg)
+    return {"bytes_sent": (n["activations_sent"] + n["gradients_sent"]) * size,
+            "bytes_recv": (n["activations_received"] + n["gradients_received"]) * size}
 
 
 def tp_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, int]]:
@@ -93,15 +74,15 @@ def tp_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, int]]:
     first stage, the head's and loss's on the last, and under scatter/gather an all-gather of each
     activation and gradient that arrives."""
     first, last = stage == 0, stage == cfg.pp - 1
-    layers = sum(len(chunk_layers(cfg.shape, cfg.pp * cfg.virtual_stages)[g])
-                 for g in stage_chunks(stage, cfg.pp, cfg.virtual_stages))
+    layers = stage_layers(cfg.shape, stage, cfg.pp, cfg.virtual_stages)
     out = [(c, n, 4 if "fp32" in what else _value_bytes(cfg), k * cfg.grad_accum)
            for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.micro_batch, cfg.tp,
                                                             sequence_parallel=cfg.sequence_parallel,
                                                             recompute=cfg.recompute, layers=layers,
                                                             first=first, last=last)]
     if not cfg.sequence_parallel:
-        arrivals = sum(_messages(cfg, stage))
+        n = _messages(cfg, stage)
+        arrivals = n["activations_received"] + n["gradients_received"]
         if arrivals:
             out.append(("all_gather", boundary_numel(cfg) * cfg.tp, _value_bytes(cfg), arrivals))
     return out

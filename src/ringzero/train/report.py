@@ -43,7 +43,7 @@ import statistics
 from dataclasses import dataclass
 
 from ..plan import flops
-from ..plan.pipeline_layout import chunk_layers, head_flops_per_token
+from ..plan.pipeline_layout import stage_flops_per_token
 from ..plan.shapes import param_count
 from . import predict
 from . import predict_pipeline as pipe
@@ -109,11 +109,8 @@ def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     m = cfg.shape
     per_token = flops.step_flops_per_token(param_count(m).total, cfg.recompute, m)
     if cfg.pp > 1:                      # the stage's blocks, and the head on the last
-        stage = pipe.stage_of(cfg, world, rank)
-        layers = sum(len(r) for g, r in enumerate(chunk_layers(m, cfg.pp * cfg.virtual_stages))
-                     if g % cfg.pp == stage)
-        per_token = flops.layer_flops_per_token(m, cfg.recompute) * layers + \
-            (head_flops_per_token(m) if stage == cfg.pp - 1 else 0.0)
+        per_token = stage_flops_per_token(m, pipe.stage_of(cfg, world, rank), cfg.pp, cfg.virtual_stages,
+                                          cfg.recompute)
     tokens = cfg.micro_batch * cfg.grad_accum * m.seq
     arithmetic = per_token * tokens / cfg.tp / rates["flops"]      # tensor parallelism splits the FLOPs
     comm = comm_seconds(cfg, world, buckets, rates, sp_elements, rank)
