@@ -1,8 +1,8 @@
-"""`make bench`: ringzero's dp, zero3 and tensor parallelism against torch's DDP, FSDP2 and
-parallelize_module, and recomputation.
+"""`make bench`: ringzero's dp, zero3, tensor and pipeline parallelism against torch's DDP, FSDP2,
+parallelize_module and torch.distributed.pipelining, and recomputation.
 
 Runs `ringzero bench train` on 2 and then 4 local gloo ranks (recomputation, which runs on one rank,
-only with the first; tensor parallelism over all the ranks, `--tp N`) against peers using torch's
+only with the first; tensor and pipeline parallelism over all the ranks, `--tp N --pp N`) against peers using torch's
 default AdamW (foreach), then dp and zero3 again on 2 ranks against peers using torch's fused AdamW,
 the fastest optimizer torch has for them (ringzero always runs the fused kernel on its flat shards). Prints each report and writes them to
 out/bench_train.json, with the command lines that reproduce them. Times on a shared 2-core machine
@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     plan = [(str(n), n, "dp,zero3,recompute" if i == 0 else "dp,zero3", "foreach") for i, n in enumerate(nprocs)]
     plan.append((f"{nprocs[0]}-fused", nprocs[0], "dp,zero3", "fused"))
     for label, nproc, suites, adam in plan:
-        tp = ["--tp", str(nproc)] if adam == "foreach" else []       # tensor parallelism over every rank
+        # tensor and pipeline parallelism over every rank
+        tp = ["--tp", str(nproc), "--pp", str(nproc)] if adam == "foreach" else []
         argv_n = ["--nproc", str(nproc), "--suites", suites, *tp, "--torch-adam", adam, *extra]
         parser = argparse.ArgumentParser()
         train.add_arguments(parser)

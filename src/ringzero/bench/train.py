@@ -71,7 +71,8 @@ def add_arguments(parser) -> None:
       help="torch.optim.AdamW implementation of the DDP/FSDP2 peers (default foreach, torch's default; "
            "fused is their fastest here)")
     a("--algorithm", default="auto", help="ringzero collective algorithm (default auto)")
-    a("--suites", default=",".join(SUITE_NAMES), help="comma list of dp, zero3, recompute (default all)")
+    a("--suites", default=",".join(SUITE_NAMES),
+      help="comma list of dp, zero3, recompute (default all; may be empty with --tp or --pp)")
     a("--tp", type=int, default=1,
       help="also compare tensor parallelism over the T = --nproc ranks with torch's parallelize_module (default 1: off)")
     a("--pp", type=int, default=1,
@@ -95,8 +96,8 @@ def build_job(args):
     from .train_ranks import Job
     suites = tuple(s.strip() for s in args.suites.split(",") if s.strip())
     bad = [s for s in suites if s not in SUITE_NAMES]
-    if bad or not suites:
-        raise ValueError(f"--suites {args.suites!r}: allowed {', '.join(SUITE_NAMES)}")
+    if bad or not (suites or args.tp > 1 or args.pp > 1):
+        raise ValueError(f"--suites {args.suites!r}: allowed {', '.join(SUITE_NAMES)} (empty with --tp or --pp)")
     if args.nproc < 2 and set(suites) & {"dp", "zero3"}:
         raise ValueError(f"--nproc must be at least 2 for dp and zero3, got {args.nproc}")
     if args.tp != 1 and args.tp != args.nproc:

@@ -93,6 +93,14 @@ class FlatGroup:
         self.bucket.slot(i, self.grad_flat).add_(p.grad.reshape(-1))
         p.grad = None
 
+    def bind_grads(self) -> None:
+        """Make every parameter's .grad a view of its slot of the gradient flat, so autograd adds
+        into the flat itself (DDP's gradient_as_bucket_view)."""
+        if self.grad_flat is None:
+            self.grad_flat = self.bucket.empty()
+        for p, v in zip(self.params, self.bucket.views(self.grad_flat)):
+            p.grad = v
+
     def add_reduced_shard(self, out: torch.Tensor) -> None:
         if self.grad_shard is None:
             self.grad_shard = out

@@ -11,6 +11,8 @@ comes from the strategy's `plan.sharding.Strategy` (`schedule`); the subclasses 
 The public interface, all a trainer, optimizer or benchmark uses:
 
     sync                     False before all but the last micro-batch of a step (DDP's no_sync)
+    accumulate_in_place()    from now on, gradients accumulate in the flats and nothing is reduced
+                             during backward (then `reduce_now` after the last backward)
     finish_backward()        wait for this micro-batch's collectives; check every gradient came
     owned_weights()          the weights this rank's optimizer updates, one tensor per bucket
     reduced_grads()          their summed gradients (summed over ranks and micro-batches)
@@ -22,6 +24,8 @@ The public interface, all a trainer, optimizer or benchmark uses:
 
 from __future__ import annotations
 
+import enum
+
 import torch
 from torch import nn
 
@@ -32,6 +36,15 @@ from .flat import FlatBucket
 from .flat_group import FlatGroup, Weights, nbytes
 from .stages import ShardingConfig
 from .topology import Topology
+
+
+class Accumulation(enum.Enum):
+    HOOKED = "hooked"
+    """A hook on each parameter adds its gradient into the flat and reduces a bucket once its last
+    gradient arrived (overlapping backward)."""
+    IN_PLACE = "in_place"
+    """Each parameter's .grad is a view of the flat: autograd accumulates there, no hook runs, and
+    the buckets are reduced when the caller says (`reduce_now`)."""
 
 
 class FlatStrategy:
@@ -49,10 +62,25 @@ class FlatStrategy:
         shards, index = (topology.dp, topology.dp_rank) if self.schedule.shard_optimizer else (1, 0)
         params, root = self._buckets()
         self.groups = [FlatGroup(FlatBucket(ps, shards, index), i, root=i == root) for i, ps in enumerate(params)]
+        self.accumulation, self._hooks = Accumulation.HOOKED, []
         for g in self.groups:
             g.bind_full()
             for i, p in enumerate(g.params):
-                p.register_post_accumulate_grad_hook(self._grad_hook(g, i))
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(g, i)))
+
+    def accumulate_in_place(self) -> None:
+        """HOOKED -> IN_PLACE (see `Accumulation`): for schedules that reduce once, after their last
+        backward (a pipeline's flush), where a per-parameter Python hook is pure cost (~2 us x
+        parameters x micro-batches) and a bucket must not be reduced early. Only strategies whose
+        weights stay whole (DP, ZeRO-1) can: ZeRO-2/3 reduce during backward by design."""
+        if self.schedule.reduces_every_micro_batch or self.schedule.shard_params:
+            raise ValueError(f"{type(self).__name__} reduces during backward; it cannot accumulate in place")
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for g in self.groups:
+            g.bind_grads()
+        self.accumulation = Accumulation.IN_PLACE
 
     # -- layout ---------------------------------------------------------------------------------
     def _buckets(self) -> tuple[list[list[nn.Parameter]], int | None]:
@@ -194,7 +222,8 @@ class FlatStrategy:
         outputs being filled, unreduced gradient flats and parameter gradients not yet in a flat."""
         s = self.schedule
         n = nbytes(g.full for g in self.groups) + nbytes(g.landing for g in self.groups) if s.shard_params else 0
-        n += nbytes(p.grad for g in self.groups for p in g.params)
+        if self.accumulation is Accumulation.HOOKED:      # in place, .grad is a view of the flat
+            n += nbytes(p.grad for g in self.groups for p in g.params)
         return n + (nbytes(g.grad_flat for g in self.groups) if s.shard_grads else 0)
 
     def close(self) -> None:

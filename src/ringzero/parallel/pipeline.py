@@ -45,31 +45,17 @@ class _GatherSlices(torch.autograd.Function):
         return grad.reshape(-1).chunk(ctx.t)[ctx.r].clone(), None, None, None, None
 
 
-class PipelineStages:
-    """This rank's model chunks of a GPT cut into `topology.pp` x `virtual_stages` chunks."""
+class StageBoundary:
+    """What every stage of a pipeline does at its boundaries: which of its chunks are the model's
+    first and last, and what crosses to the next stage (see the module doc). A subclass sets
+    `chunks` (the global chunk of each local one) and `last_chunk`, and defines `forward(c, x,
+    targets)` and `sync_tied_grads(strategy)`."""
 
-    def __init__(self, model: nn.Module, topology, virtual_stages: int = 1, sequence_parallel: bool = False,
-                 tp_algorithm: str = "auto") -> None:
-        self.model, self.topology, self.v = model, topology, virtual_stages
-        p, i = topology.pp, topology.pp_rank
-        self.chunks = stage_chunks(i, p, virtual_stages)           # global chunk of each local chunk
-        self.last_chunk = p * virtual_stages - 1
-        ranges = chunk_layers(model.shape, p * virtual_stages)
-        self.layers = [ranges[g] for g in self.chunks]
-        self.scatter_gather = topology.tp > 1 and not sequence_parallel
-        self.tp_algorithm = tp_algorithm
-        keep = {str(k) for r in self.layers for k in r}
-        model.blocks = nn.ModuleDict({str(k): b for k, b in enumerate(model.blocks) if str(k) in keep})
-        first, last = 0 in self.chunks, self.last_chunk in self.chunks
-        if not first:
-            del model.wpe
-            model.drop = nn.Identity()
-        if not last:
-            del model.ln_f
-        if not (first or last):
-            del model.wte
-        if last and not first:
-            model.wte.weight.pipeline_tied_copy = True
+    chunks: list[int]
+    last_chunk: int
+
+    def __init__(self, topology, scatter_gather: bool, tp_algorithm: str = "auto") -> None:
+        self.topology, self.scatter_gather, self.tp_algorithm = topology, scatter_gather, tp_algorithm
 
     def is_first(self, c: int) -> bool:
         return self.chunks[c] == 0
@@ -77,21 +63,6 @@ class PipelineStages:
     def is_last(self, c: int) -> bool:
         return self.chunks[c] == self.last_chunk
 
-    def forward(self, c: int, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """Local chunk `c` on `x`: token ids (b, s) on the first chunk, else its input activation;
-        returns the activation it passes on, or on the last chunk the loss (with `targets`) or logits."""
-        m = self.model
-        if self.is_first(c):
-            pos = torch.arange(x.size(1), device=x.device)
-            x = m.drop(m.wte(x) + m.wpe(pos))                                       # (b, s, h)
-        for k in self.layers[c]:
-            x = m.blocks[str(k)](x)
-        if not self.is_last(c):
-            return x
-        logits = m.head(m.ln_f(x), m.wte.weight)
-        return logits if targets is None else m.loss(logits, targets)
-
-    # -- what crosses a stage boundary ------------------------------------------------------------
     def outgoing(self, t: torch.Tensor) -> torch.Tensor:
         """What this tp rank sends of activation or gradient `t`: its slice under scatter/gather."""
         flat = t.detach().reshape(-1)
@@ -118,6 +89,46 @@ class PipelineStages:
         comm.all_gather_into_tensor(out, piece, group=topo.tp_group, algorithm=self.tp_algorithm)
         return out.view(shape)
 
+
+class PipelineStages(StageBoundary):
+    """This rank's model chunks of a GPT cut into `topology.pp` x `virtual_stages` chunks."""
+
+    def __init__(self, model: nn.Module, topology, virtual_stages: int = 1, sequence_parallel: bool = False,
+                 tp_algorithm: str = "auto") -> None:
+        super().__init__(topology, topology.tp > 1 and not sequence_parallel, tp_algorithm)
+        self.model, self.v = model, virtual_stages
+        p, i = topology.pp, topology.pp_rank
+        self.chunks = stage_chunks(i, p, virtual_stages)           # global chunk of each local chunk
+        self.last_chunk = p * virtual_stages - 1
+        ranges = chunk_layers(model.shape, p * virtual_stages)
+        self.layers = [ranges[g] for g in self.chunks]
+        keep = {str(k) for r in self.layers for k in r}
+        model.blocks = nn.ModuleDict({str(k): b for k, b in enumerate(model.blocks) if str(k) in keep})
+        first, last = 0 in self.chunks, self.last_chunk in self.chunks
+        if not first:
+            del model.wpe
+            model.drop = nn.Identity()
+        if not last:
+            del model.ln_f
+        if not (first or last):
+            del model.wte
+        if last and not first:
+            model.wte.weight.pipeline_tied_copy = True
+
+    def forward(self, c: int, x: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """Local chunk `c` on `x`: token ids (b, s) on the first chunk, else its input activation;
+        returns the activation it passes on, or on the last chunk the loss (with `targets`) or logits."""
+        m = self.model
+        if self.is_first(c):
+            pos = torch.arange(x.size(1), device=x.device)
+            x = m.drop(m.wte(x) + m.wpe(pos))                                       # (b, s, h)
+        for k in self.layers[c]:
+            x = m.blocks[str(k)](x)
+        if not self.is_last(c):
+            return x
+        logits = m.head(m.ln_f(x), m.wte.weight)
+        return logits if targets is None else m.loss(logits, targets)
+
     # -- tied embeddings --------------------------------------------------------------------------
     def tied_weight(self) -> nn.Parameter | None:
         """The token embedding when this rank is the first or the last stage of a pipeline."""
@@ -136,6 +147,11 @@ class PipelineStages:
 
 
 def apply_pipeline(model: nn.Module, topology, virtual_stages: int = 1, sequence_parallel: bool = False,
-                   tp_algorithm: str = "auto") -> PipelineStages:
-    """Cut `model` (a ringzero GPT, possibly tensor-parallel) to this rank's stage, in place."""
-    return PipelineStages(model, topology, virtual_stages, sequence_parallel, tp_algorithm)
+                   tp_algorithm: str = "auto", *, cut_at: list[str] | None = None, loss_fn=None) -> StageBoundary:
+    """Cut `model` to this rank's stage, in place: a ringzero GPT (possibly tensor-parallel) by the
+    planner's balance, or with `cut_at` any `nn.Sequential` before the children of those names
+    (`pipeline_sequential.SequentialStages`; `loss_fn(output, targets)` on the last stage)."""
+    if cut_at is None:
+        return PipelineStages(model, topology, virtual_stages, sequence_parallel, tp_algorithm)
+    from .pipeline_sequential import SequentialStages
+    return SequentialStages(model, topology, cut_at, loss_fn)

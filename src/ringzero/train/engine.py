@@ -102,6 +102,8 @@ class Trainer:
         self.schedule = GradAccumulation() if self.stages is None else PipelineSchedule(
             self.stages, topology, cfg.schedule, cfg.virtual_stages, self._boundary_shape(),
             dtype(cfg.precision), cfg.pipeline_cost)
+        if self.stages is not None:      # reduced after the pipeline's flush, never during backward
+            self.strategy.accumulate_in_place()
         self.measure_step = min(MEASURE_STEP, cfg.steps - 1)
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
 
