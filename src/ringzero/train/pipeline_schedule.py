@@ -103,68 +103,75 @@ class PipelineSchedule:
     def run(self, model, strategy, micro_batches: list, loss_scale, hooks) -> list[float]:
         """Losses of the micro-batches (on the last stage; empty elsewhere); gradients reduced over
         the tied-embedding pair and the dp group, left in `strategy`."""
-        st, topo = self.stages, self.topology
+        topo = self.topology
         acts = schedules.actions(topo.pp_rank, topo.pp, len(micro_batches), self.schedule, self.v)
         needs = self._receives(acts)
-        self._pending, self._posted_until = {}, 0
         strategy.sync = False
-        self._sending, self.events, losses = [], [], []
-        held: dict[tuple[int, int], tuple] = {}
-        saved: dict[tuple[int, int], int] = {}
+        self._pending, self._posted_until, self._sending, self.events = {}, 0, [], []
+        self._held, self._saved, self._losses = {}, {}, []
         self.peak_inflight = peak_bytes = 0
         for j, a in enumerate(acts):
-            key = (a.micro, a.chunk)
             if a.kind == "F":
-                x, y = micro_batches[a.micro]
-                leaf = None
-                if not st.is_first(a.chunk):
-                    leaf = self._recv(needs, j, hooks).requires_grad_(True)
-                t0 = time.perf_counter()
-                with hooks.phase("forward"):
-                    if not st.is_first(a.chunk):
-                        x = st.gather_activation(leaf, self.shape)
-                    meter = SavedBytes(model) if hooks.measure else None
-                    if meter is not None:
-                        with meter:
-                            out = st.forward(a.chunk, x, y)
-                        saved[key] = meter.total
-                    else:
-                        out = st.forward(a.chunk, x, y)
-                    if st.is_last(a.chunk):
-                        losses.append(out.item())
-                        out = out * loss_scale
-                self._pad(t0, "F")             # before the send: the next stage starts when this ends
-                if not st.is_last(a.chunk):
-                    self._send(self.next, st.outgoing(out), ACTIVATIONS)
-                held[key] = (leaf, out)
-                self.peak_inflight = max(self.peak_inflight, len(held))
-                peak_bytes = max(peak_bytes, sum(saved.values()))
+                t0 = self._forward(model, j, a, needs, micro_batches[a.micro], loss_scale, hooks)
+                self.peak_inflight = max(self.peak_inflight, len(self._held))
+                peak_bytes = max(peak_bytes, sum(self._saved.values()))
             else:
-                leaf, out = held.pop(key)
-                grad = None
-                if not st.is_last(a.chunk):
-                    grad = self._recv(needs, j, hooks)
-                t0 = time.perf_counter()
-                with hooks.phase("backward"):
-                    if grad is not None:
-                        grad = st.gather_grad(grad, self.shape)
-                    torch.autograd.backward(out, grad)
-                self._pad(t0, "B")
-                if leaf is not None:
-                    self._send(self.prev, leaf.grad, GRADIENTS)
-                saved.pop(key, None)
+                t0 = self._backward(j, a, needs, hooks)
             self.events.append((a.kind, a.micro, a.chunk, t0, time.perf_counter()))
         with hooks.phase("pipeline_wait"):
-            for works, _ in self._sending:
-                for w in works:
-                    w.wait()
-        self._sending = []
+            self._wait_sends()
         if hooks.measure:
             hooks.saved_bytes = peak_bytes
         with hooks.phase("comm"):
-            st.sync_tied_grads(strategy)
+            self.stages.sync_tied_grads(strategy)
             strategy.reduce_now()
-        return losses
+        return self._losses
+
+    def _forward(self, model, j: int, a, needs: list, batch: tuple, loss_scale, hooks) -> float:
+        """Action j, a forward: receive its input (unless the model's first chunk), run the chunk
+        (counting what autograd saves when measuring), send the output on. Returns its start."""
+        st, (x, y), leaf = self.stages, batch, None
+        if not st.is_first(a.chunk):
+            leaf = self._recv(needs, j, hooks).requires_grad_(True)
+        t0 = time.perf_counter()
+        with hooks.phase("forward"):
+            if leaf is not None:
+                x = st.gather_activation(leaf, self.shape)
+            if hooks.measure:
+                with SavedBytes(model) as meter:
+                    out = st.forward(a.chunk, x, y)
+                self._saved[(a.micro, a.chunk)] = meter.total
+            else:
+                out = st.forward(a.chunk, x, y)
+            if st.is_last(a.chunk):
+                self._losses.append(out.item())
+                out = out * loss_scale
+        self._pad(t0, "F")             # before the send: the next stage starts when this one's cost has passed
+        if not st.is_last(a.chunk):
+            self._send(self.next, st.outgoing(out), ACTIVATIONS)
+        self._held[(a.micro, a.chunk)] = (leaf, out)
+        return t0
+
+    def _backward(self, j: int, a, needs: list, hooks) -> float:
+        """Action j, a backward: receive the output's gradient (unless the model's last chunk),
+        backpropagate, send the input's gradient back. Returns its start."""
+        st = self.stages
+        leaf, out = self._held.pop((a.micro, a.chunk))
+        grad = None if st.is_last(a.chunk) else self._recv(needs, j, hooks)
+        t0 = time.perf_counter()
+        with hooks.phase("backward"):
+            torch.autograd.backward(out, None if grad is None else st.gather_grad(grad, self.shape))
+        self._pad(t0, "B")
+        if leaf is not None:
+            self._send(self.prev, leaf.grad, GRADIENTS)
+        self._saved.pop((a.micro, a.chunk), None)
+        return t0
+
+    def _wait_sends(self) -> None:
+        for works, _ in self._sending:
+            for w in works:
+                w.wait()
+        self._sending = []
 
     @torch.no_grad()
     def forward_only(self, micro_batches: list) -> list[float]:
@@ -185,8 +192,5 @@ class PipelineSchedule:
                 losses.append(out.item())
             else:
                 self._send(self.next, st.outgoing(out), ACTIVATIONS)
-        for works, _ in self._sending:
-            for w in works:
-                w.wait()
-        self._sending = []
+        self._wait_sends()
         return losses
