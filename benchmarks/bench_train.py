@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ringzero.bench import train
+from ringzero.bench.train_report import print_report
 from ringzero.bench.comm_report import make_console
 
 
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
         console.rule(f"ringzero bench train {' '.join(argv_n)}")
         result = train.benchmark(parser.parse_args(argv_n))
         result["command"] = "ringzero bench train " + " ".join(argv_n)
-        train.print_report(result, console)
+        print_report(result, console)
         runs[label] = result
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

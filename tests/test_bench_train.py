@@ -60,8 +60,24 @@ def test_tensor_parallel_against_torch_parallelize_module(tmp_path):
     assert "tp_time_vs_torch_tp" in result["ratios"]
 
 
+@pytest.mark.timeout(120)
+def test_pipelines_against_torch_distributed_pipelining(tmp_path):
+    """--pp 2: ringzero's GPipe, 1F1B and interleaved schedules and torch.distributed.pipelining's on
+    the same chunks train the same model (losses within 1e-5 over a few steps), each ratio reported."""
+    out = tmp_path / "bench_train.json"
+    assert cli.main(["bench", "train", "--nproc", "2", *TINY, "--suites", "", "--pp", "2", "--pp-layers", "4",
+                     "--pp-microbatches", "2", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for s in ("gpipe", "1f1b", "interleaved"):
+        losses = result[f"pp_{s}"]["variants"][f"rz_pp_{s}"]["losses"]
+        assert result[f"pp_{s}"]["max_loss_diff"] <= 1e-5 * max(losses), s
+        assert f"pp_{s}_time_vs_torch" in result["ratios"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--nproc", "2", "--tp", "3"], "--tp 3"),
+    (["--nproc", "2", "--pp", "4"], "--pp 4"),
+    (["--nproc", "2", "--pp", "2", "--pp-layers", "1"], "more than the 1 layers"),
     (["--nproc", "3", "--tp", "3", "--model", "nano"], "tp=3 does not divide the heads"),
 ])
 def test_bad_tensor_parallel_arguments_exit_2(argv, message, capsys):

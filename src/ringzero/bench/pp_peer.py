@@ -148,6 +148,28 @@ class TorchPipeline:
             torch._foreach_mul_(grads, coef)
 
 
+class Variant:
+    """`TorchPipeline` as one of `bench.train_ranks`' variants: a step per call, its loss (None but
+    on the last rank) and no phases (torch's schedule runs a whole step in one call); `states()`:
+    weights, gradients and AdamW's state held."""
+
+    def __init__(self, cfg: TrainConfig, group, data: ByteData) -> None:
+        self.peer = TorchPipeline(cfg, group, cfg.schedule, cfg.virtual_stages, data)
+
+    def step(self, i: int, measure: bool = False) -> tuple[float | None, dict]:
+        return self.peer.step(i), {}
+
+    def states(self) -> dict:
+        def nbytes(ts) -> int:
+            return sum(t.numel() * t.element_size() for t in ts if t is not None)
+        p = self.peer
+        return {"params": nbytes(p.params), "grads": nbytes(q.grad for q in p.params), "transient_peak": 0,
+                "optimizer": nbytes(t for s in p.opt.state.values() for t in s.values() if torch.is_tensor(t))}
+
+    def close(self) -> None:
+        pass
+
+
 def train(group, cfg: TrainConfig, schedule: str, virtual_stages: int = 1) -> dict:
     """Runs on every rank of `group` (pp = its size): `cfg.steps` steps of `TorchPipeline`, each
     timed by `time.perf_counter` after a barrier. Returns {"times": [s per step, this rank's],

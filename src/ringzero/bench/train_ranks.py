@@ -218,32 +218,12 @@ class _Torch:
         pass
 
 
-class _TorchPipeline:
-    """`pp_peer.TorchPipeline` as a variant: one step per call, its loss (None but on the last rank)."""
-
-    def __init__(self, cfg: TrainConfig, group, data: ByteData) -> None:
-        self.peer = pp_peer.TorchPipeline(cfg, group, cfg.schedule, cfg.virtual_stages, data)
-
-    def step(self, i: int, measure: bool = False) -> tuple[float | None, dict]:
-        loss = self.peer.step(i)
-        return loss, {}
-
-    def states(self) -> dict:
-        p = self.peer
-        opt = _nbytes(t for s in p.opt.state.values() for t in s.values() if torch.is_tensor(t))
-        return {"params": _nbytes(p.params), "grads": _nbytes(q.grad for q in p.params), "optimizer": opt,
-                "transient_peak": 0}
-
-    def close(self) -> None:
-        pass
-
-
 def _build(name: str, job: Job, group, data: ByteData):
     if name.startswith(("rz_pp_", "torch_pp_")):
         schedule = name.rsplit("_", 1)[1]
         cfg = dataclasses.replace(job.pp_cfg, schedule=schedule,
                                   virtual_stages=2 if schedule == "interleaved" else 1)
-        return _Ringzero(cfg, group) if name.startswith("rz_") else _TorchPipeline(cfg, group, data)
+        return _Ringzero(cfg, group) if name.startswith("rz_") else pp_peer.Variant(cfg, group, data)
     if name == "rz_tp":
         return _Ringzero(dataclasses.replace(job.cfg, strategy="dp", tp=dist.get_world_size(group)), group)
     if name.startswith("rz_"):
