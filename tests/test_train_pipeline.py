@@ -202,3 +202,47 @@ def test_train_command_draws_the_schedule_and_reports_the_pipeline(capsys, tmp_p
     assert data["twins"]["pipeline bytes per stage boundary"]["error"] == 0
     assert data["twins"]["stage 1: micro-batches held at peak"]["measured"] == 1
     assert "stage 0:" in text and "stage 1:" in text
+
+
+def _stage_fails(group, kw):
+    """Stage 1 raises in its second backward; the other stages are blocked in a receive from it."""
+    import torch.distributed as dist
+
+    import ringzero.train.pipeline_schedule as ps
+    if dist.get_rank(group) == 1:
+        calls = [0]
+        real = ps.PipelineSchedule._backward
+
+        def failing(self, *args):
+            calls[0] += 1
+            if calls[0] == 2:
+                raise RuntimeError("stage 1 fails on purpose")
+            return real(self, *args)
+        ps.PipelineSchedule._backward = failing
+    train_rank(TrainConfig(**{**BASE, **kw}), group=group, calibrate=False)
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_stage_ends_the_pipeline_with_its_name(pool):
+    """A stage that raises mid-step while its neighbours wait on its messages: the job fails within
+    the pool's timeout, naming that rank and its error, and the pool serves the next job."""
+    from ringzero import launch
+    with pytest.raises(launch.RankError, match="rank 1 failed.*stage 1 fails on purpose"):
+        pool.run(_stage_fails, dict(pp=3, grad_accum=4), world=3, timeout=60)
+    assert len(pool.run(_run, dict(pp=2, grad_accum=2), world=2)) == 2
+
+
+@pytest.mark.timeout(120)
+def test_layout_auto_runs_and_prints_the_planners_layout(capsys):
+    """`--layout auto` runs the layout `plan.recommend.engine_layout` picks, and says which."""
+    from ringzero.commands.plan import DEFAULT_GPU
+    from ringzero.plan.config import Training
+    from ringzero.plan.hardware import hardware
+    from ringzero.plan.recommend import engine_layout
+    code = cli.main(["train", "--nproc", "2", "--layout", "auto", "--steps", "2", "--seq", "16", "--micro-batch", "1",
+                     "--max-bytes", "65536", "--quiet"])
+    out = capsys.readouterr().out
+    par = engine_layout(TrainConfig(seq=16).shape, Training(micro_batch=1, global_batch=2), 2,
+                        hardware(DEFAULT_GPU))
+    assert code == 0, out
+    assert f"layout auto: dp={par.dp} x tp={par.tp} x pp={par.pp}" in out, out
