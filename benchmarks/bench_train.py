@@ -2,10 +2,11 @@
 parallelize_module and torch.distributed.pipelining, and recomputation.
 
 Runs `ringzero bench train` on 2 and then 4 local gloo ranks (recomputation, which runs on one rank,
-only with the first; tensor and pipeline parallelism over all the ranks, `--tp N --pp N`) against peers using torch's
-default AdamW (foreach), then dp and zero3 again on 2 ranks against peers using torch's fused AdamW,
-the fastest optimizer torch has for them (ringzero always runs the fused kernel on its flat shards). Prints each report and writes them to
-out/bench_train.json, with the command lines that reproduce them. Times on a shared 2-core machine
+only with the first; tensor and pipeline parallelism over all the ranks, `--tp N --pp N`) against
+peers using torch's default AdamW (foreach), then dp and zero3 again on 2 ranks against peers using
+torch's fused AdamW, the fastest optimizer torch has for them (ringzero always runs the fused kernel
+on its flat shards). Prints each report and writes them to out/bench_train.json, with the command
+lines that reproduce them. Times on a shared 2-core machine
 are noisy: read the ratios (the variants are interleaved step by step within a run), not the
 absolute numbers.
 """

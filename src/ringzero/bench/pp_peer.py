@@ -3,8 +3,8 @@
 Every rank builds the whole GPT from the config's seed, cuts its blocks into pp·v contiguous chunks
 exactly as ringzero's engine does (`plan.pipeline_layout.chunk_layers`: balanced by FLOPs, the tied
 head's matmul counted with the last chunk), and keeps the chunks g = rank, rank + pp, ... (global
-chunk g lives on pipeline rank g % pp, as in ringzero and in `torch.distributed.pipelining`). Chunk 0 also runs the embedding (wte, wpe, dropout); the last
-chunk runs the final LayerNorm and the tied head, and the schedule's `loss_fn` (the GPT's own
+chunk g lives on pipeline rank g % pp, as in ringzero and in `torch.distributed.pipelining`).
+Chunk 0 also runs the embedding (wte, wpe, dropout); the last chunk runs the final LayerNorm and the tied head, and the schedule's `loss_fn` (the GPT's own
 `CrossEntropy`) turns its logits into the loss. Each chunk becomes a `PipelineStage`, driven by
 `ScheduleGPipe`, `Schedule1F1B` or `ScheduleInterleaved1F1B` with one micro-batch of
 `cfg.micro_batch` sequences per `cfg.grad_accum`.

@@ -107,7 +107,7 @@ def pp_row(m: ModelShape, tr: Training, par: Parallel) -> Row:
     """Activations forward and gradients backward across the p-1 stage boundaries."""
     p, what_if = _degree(par.pp, min(par.gpus, m.layers))
     b, s, h, k = tr.micro_batch, m.seq, m.hidden, tr.bytes_per_value
-    split = par.tp             # Megatron's scatter/gather (or SP's shard): 1/t per tp rank (Narayanan et al. 2021 §4.1)
+    split = par.tp      # scatter/gather (or SP's shard): 1/t per tp rank (Narayanan et al. 2021 §4.1)
     one = (b * s * h // split) * k
     scope = "whole pipeline, per micro-batch" + (f", one tp rank's 1/{split} slice" if split > 1 else "")
     return Row("PP", p, what_if, scope,

@@ -208,9 +208,15 @@ def partition(costs: list[float], chunks: int, first: float = 0.0, last: float =
     return [range(bounds[k], bounds[k + 1]) for k in range(chunks)]
 
 
+def message_numel(micro_batch: int, seq: int, hidden: int, tp: int = 1) -> int:
+    """Values in one message between stages per tp rank: a (b, s, h) activation or its gradient,
+    1/t of it per tp rank (Megatron's scatter/gather, or sequence parallelism's split; Narayanan
+    et al. 2021 §4.1)."""
+    return micro_batch * seq * hidden // tp
+
+
 def boundary_bytes(microbatches: int, micro_batch: int, seq: int, hidden: int, itemsize: int,
                    tp: int = 1) -> int:
     """Bytes one tp rank sends over one stage boundary per step, both directions: 2·m·b·s·h values
-    (activations forward, their gradients backward), 1/t of them per tp rank (Megatron's
-    scatter/gather, or sequence parallelism's split; Narayanan et al. 2021 §4.1)."""
-    return 2 * microbatches * micro_batch * seq * hidden * itemsize // tp
+    (activations forward, their gradients backward), 1/t of them per tp rank."""
+    return 2 * microbatches * message_numel(micro_batch, seq, hidden, tp) * itemsize

@@ -51,7 +51,8 @@ class FieldError(ValueError):
 def choices() -> dict[str, tuple[str, ...]]:
     """The values each enumerated field accepts: what `TrainConfig` validates against and what the
     command line offers (this module imports no torch, so `ringzero train` answers fast)."""
-    return {"strategy": STRATEGIES, "schedule": pipeline.SCHEDULES, "precision": PRECISIONS, "recompute": RECOMPUTES, "attention": ATTENTIONS,
+    return {"strategy": STRATEGIES, "schedule": pipeline.SCHEDULES, "precision": PRECISIONS,
+            "recompute": RECOMPUTES, "attention": ATTENTIONS,
             "comm_algorithm": registry.SPECIAL + registry.algorithms("all_reduce"),
             "model": tuple(name for name, shape in MODELS.items() if _trainable(shape))}
 
@@ -194,6 +195,11 @@ class TrainConfig:
             raise FieldError("dp" if self.dp is not None else "tp",
                              f"{grid} = {dp * model_parallel} must equal the {world} ranks")
         return Placement(dp=dp, tp=self.tp, pp=self.pp)
+
+    @property
+    def value_bytes(self) -> int:
+        """Bytes of one weight, gradient or activation value in the training precision."""
+        return 4 if self.precision == "fp32" else 2
 
     @property
     def shape(self) -> ModelShape:

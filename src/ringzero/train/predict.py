@@ -19,7 +19,7 @@ from ..plan import sharding, tensor_parallel
 from ..plan.comm_volume import call_for, formula, volume
 from ..plan.config import Parallel, Training
 from ..plan.memory import model_states, state_bytes
-from ..plan.shapes import ModelShape, param_count
+from ..plan.shapes import ModelShape
 from ..plan.sharding import Strategy
 from . import predict_pipeline as pipe
 from .config import TrainConfig
@@ -74,24 +74,13 @@ def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list
     """The data-parallel collectives of one step on `world` ranks: (collective, elements, itemsize,
     times) for `buckets` of (elements, is the ZeRO-3 root), from the strategy's schedule
     (`plan.sharding`), on the dp group."""
-    return strategy(cfg).calls(buckets, cfg.placement(world).dp, _itemsize(cfg), cfg.grad_accum)
-
-
-def _itemsize(cfg: TrainConfig) -> int:
-    return 4 if cfg.precision == "fp32" else 2
+    return strategy(cfg).calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.grad_accum)
 
 
 def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:
     """The tensor-parallel collectives of one step inside forward and backward, on the tp group
-    (`plan.tensor_parallel`; a pipeline stage's: `predict_pipeline.tp_calls`)."""
-    if cfg.tp == 1:
-        return []
-    if cfg.pp > 1:
-        return pipe.tp_calls(cfg, stage)
-    return [(c, n, 4 if "fp32" in what else _itemsize(cfg), k * cfg.grad_accum)
-            for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.micro_batch, cfg.tp,
-                                                             sequence_parallel=cfg.sequence_parallel,
-                                                             recompute=cfg.recompute)]
+    (a pipeline stage's: its blocks, and the embedding's or head's where it holds them)."""
+    return pipe.tp_calls(cfg, stage) if cfg.tp > 1 else []
 
 
 def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) -> list[tuple[str, int, int, int]]:
@@ -105,7 +94,7 @@ def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) 
     if cfg.sequence_parallel:
         share = cfg.placement(world).dp if strategy(cfg).shard_optimizer else 1
         n = tensor_parallel.partial_grad_params(cfg.shape) // share if sp_elements is None else sp_elements
-        out += [("all_reduce", n, _itemsize(cfg), 1)] if n else []
+        out += [("all_reduce", n, cfg.value_bytes, 1)] if n else []
     return out + [("all_reduce", 1, 4, 1)]
 
 

@@ -28,10 +28,6 @@ def inflight(cfg: TrainConfig, stage: int) -> int:
     return pipeline.inflight(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
 
 
-def _value_bytes(cfg: TrainConfig) -> int:
-    return 4 if cfg.precision == "fp32" else 2
-
-
 def chunk_activations(cfg: TrainConfig, per_layer: float, head: float) -> list[float]:
     """Bytes one micro-batch's forward saves in each global chunk: its blocks, plus the head and
     loss in the last (`per_layer`, `head`: `predict.activations`' terms)."""
@@ -47,13 +43,13 @@ def peak_activations(cfg: TrainConfig, stage: int, per_layer: float, head: float
 
 def boundary_numel(cfg: TrainConfig) -> int:
     """Elements a tp rank sends per message: (b, s, h)/t (scatter/gather, or sequence parallelism's shard)."""
-    return cfg.micro_batch * cfg.shape.seq * cfg.shape.hidden // cfg.tp
+    return pipeline.message_numel(cfg.micro_batch, cfg.shape.seq, cfg.shape.hidden, cfg.tp)
 
 
 def boundary_bytes(cfg: TrainConfig) -> int:
     """Bytes over one stage boundary per step, both ways, per tp rank: 2·m·b·s·h·bytes / t."""
     m = cfg.shape
-    return pipeline.boundary_bytes(cfg.grad_accum, cfg.micro_batch, m.seq, m.hidden, _value_bytes(cfg), cfg.tp)
+    return pipeline.boundary_bytes(cfg.grad_accum, cfg.micro_batch, m.seq, m.hidden, cfg.value_bytes, cfg.tp)
 
 
 def _messages(cfg: TrainConfig, stage: int) -> dict[str, int]:
@@ -64,18 +60,19 @@ def p2p_traffic(cfg: TrainConfig, stage: int) -> dict[str, int]:
     """Bytes `stage` sends and receives point-to-point per step."""
     if cfg.pp == 1:
         return {"bytes_sent": 0, "bytes_recv": 0}
-    n, size = _messages(cfg, stage), boundary_numel(cfg) * _value_bytes(cfg)
+    n, size = _messages(cfg, stage), boundary_numel(cfg) * cfg.value_bytes
     return {"bytes_sent": (n["activations_sent"] + n["gradients_sent"]) * size,
             "bytes_recv": (n["activations_received"] + n["gradients_received"]) * size}
 
 
-def tp_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, int]]:
-    """`stage`'s tensor-parallel collectives of one step: its blocks', the embedding's on the
-    first stage, the head's and loss's on the last, and under scatter/gather an all-gather of each
-    activation and gradient that arrives."""
+def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:
+    """`stage`'s tensor-parallel collectives of one step (collective, elements, itemsize, times):
+    its blocks', the embedding's on the first stage, the head's and loss's on the last, and under
+    scatter/gather an all-gather of each activation and gradient that arrives (without a pipeline:
+    the whole model's; `plan.tensor_parallel.collectives`)."""
     first, last = stage == 0, stage == cfg.pp - 1
     layers = stage_layers(cfg.shape, stage, cfg.pp, cfg.virtual_stages)
-    out = [(c, n, 4 if "fp32" in what else _value_bytes(cfg), k * cfg.grad_accum)
+    out = [(c, n, 4 if "fp32" in what else cfg.value_bytes, k * cfg.grad_accum)
            for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.micro_batch, cfg.tp,
                                                             sequence_parallel=cfg.sequence_parallel,
                                                             recompute=cfg.recompute, layers=layers,
@@ -84,7 +81,7 @@ def tp_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, int]]:
         n = _messages(cfg, stage)
         arrivals = n["activations_received"] + n["gradients_received"]
         if arrivals:
-            out.append(("all_gather", boundary_numel(cfg) * cfg.tp, _value_bytes(cfg), arrivals))
+            out.append(("all_gather", boundary_numel(cfg) * cfg.tp, cfg.value_bytes, arrivals))
     return out
 
 
@@ -93,7 +90,7 @@ def embedding_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, i
     if cfg.pp == 1 or stage not in (0, cfg.pp - 1):
         return []
     m = cfg.shape
-    return [("all_reduce", tensor_parallel.padded_vocab(m.vocab, cfg.tp) * m.hidden // cfg.tp, _value_bytes(cfg), 1)]
+    return [("all_reduce", tensor_parallel.padded_vocab(m.vocab, cfg.tp) * m.hidden // cfg.tp, cfg.value_bytes, 1)]
 
 
 def activation_terms(cfg: TrainConfig, cuda: bool = False) -> tuple[float, float]:
@@ -101,7 +98,7 @@ def activation_terms(cfg: TrainConfig, cuda: bool = False) -> tuple[float, float
     `predict.activations` counts them."""
     from .predict import fused_attention
     m, t, sp = cfg.shape, cfg.tp, cfg.sequence_parallel
-    p = _value_bytes(cfg)
+    p = cfg.value_bytes
     mask, dropout = (1 if cuda else p), cfg.dropout > 0
     per_layer = act.layer_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, dropout=dropout,
                                 flash=fused_attention(cfg, cuda), recompute=cfg.recompute, mask_bytes=mask,

@@ -198,7 +198,11 @@ def pipeline_twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> l
     stages = _stage_ranks(cfg, world, results)
     p2p = sum(r.traffic.get("ops", {}).get("send_recv/p2p", {}).get("bytes_sent", 0) for r in stages)
     boundaries = cfg.pp * cfg.virtual_stages - 1
+    sent = [(pipe.p2p_traffic(cfg, r.stage)["bytes_sent"],
+             r.traffic.get("ops", {}).get("send_recv/p2p", {}).get("bytes_sent", 0)) for r in stages]
     rows = [Twin("pipeline bytes per stage boundary", pipe.boundary_bytes(cfg), p2p / boundaries, "bytes"),
+            Twin("pipeline bytes sent per step (busiest stage)", max(p for p, _ in sent), max(m for _, m in sent),
+                 "bytes"),
             Twin("pipeline idle fraction", pipe.bubble(cfg), pipe.measured_bubble([r.timelines for r in stages]),
                  "fraction")]
     for r in stages:
