@@ -10,28 +10,14 @@ import json
 import pytest
 
 from ringzero import cli
+
+from cli_errors import train_fails as _fails
 from ringzero.commands import train as train_cmd
 from ringzero.train.config import TrainConfig
 from ringzero.train.deepspeed import from_deepspeed
 from ringzero.train.model import GPT
 
 QUICK = ["--steps", "2", "--seq", "16", "--micro-batch", "1", "--max-bytes", "65536"]
-
-
-def _fails(capsys, tmp_path, argv, *words):
-    """`ringzero train ARGV --json-report R` exits 2 with one stderr line naming `words`; R not written."""
-    report = tmp_path / "report.json"
-    before = sorted(p.name for p in tmp_path.iterdir())
-    code = cli.main(["train", *argv, "--json-report", str(report), "--quiet"])
-    out = capsys.readouterr()
-    assert code == 2, out
-    line = out.err.strip()
-    assert line.startswith("ringzero: error:") and "\n" not in line, out.err
-    for w in words:
-        assert w in line, (w, line)
-    assert not report.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == before, "something was written"
-    return line
 
 
 def _ds(tmp_path, content) -> str:

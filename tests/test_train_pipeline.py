@@ -12,6 +12,8 @@ import json
 
 import pytest
 
+from cli_errors import train_fails
+
 from ringzero import cli
 from ringzero.plan import pipeline
 from ringzero.train import predict, report
@@ -180,12 +182,7 @@ def test_bad_pipeline_input_is_one_line(kw, match):
     (["--nproc", "2", "--layout", "auto", "--tp", "2"], ("--layout auto chooses --tp",)),
 ])
 def test_bad_pipeline_command_line_exits_2_before_any_rank(capsys, tmp_path, argv, words):
-    out = tmp_path / "report.json"
-    code = cli.main(["train", *argv, "--steps", "2", "--seq", "16", "--json-report", str(out), "--quiet"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and err.startswith("ringzero: error:") and "\n" not in err, err
-    assert all(w in err for w in words), err
-    assert not out.exists()
+    train_fails(capsys, tmp_path, [*argv, "--steps", "2", "--seq", "16"], *words)
 
 
 @pytest.mark.timeout(300)

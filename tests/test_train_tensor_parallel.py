@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from cli_errors import train_fails
+
 from ringzero import cli
 from ringzero.plan import tensor_parallel
 from ringzero.train import predict
@@ -118,12 +120,7 @@ def test_activation_bytes_under_tp_and_sp_match_the_planner(pool):
     (["--nproc", "3", "--tp", "2"], ("tp=2 does not divide the 3 ranks",)),
 ])
 def test_bad_tensor_parallel_command_line_exits_2_before_any_rank(capsys, tmp_path, argv, words):
-    report = tmp_path / "report.json"
-    code = cli.main(["train", *argv, "--steps", "2", "--seq", "16", "--json-report", str(report), "--quiet"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and err.startswith("ringzero: error:") and "\n" not in err, err
-    assert all(w in err for w in words), err
-    assert not report.exists()
+    train_fails(capsys, tmp_path, [*argv, "--steps", "2", "--seq", "16"], *words)
 
 
 def test_deepspeed_autotp_size_sets_tp(tmp_path):
