@@ -132,3 +132,31 @@ def case(group, coll: str, algo: str, count: int, dtype, op: Op | None, root: in
                 return _fail(what + f" from {i}", t, want)
         return None
     raise ValueError(coll)
+
+
+def run_once(coll: str, algo: str, g, n: int, r: int, count: int, root: int) -> None:
+    """One call of `coll` with `algo` on ones of `count` elements per rank (the whole n-chunk buffer
+    for the scattering collectives; `chunk_sizes(count, n)` per peer for all_to_all), root `root`:
+    what the traffic tests meter."""
+    from ringzero.plan.chunks import chunk_sizes
+    x = torch.ones(count)
+    if coll == "all_reduce":
+        comm.all_reduce(x, algorithm=algo, group=g)
+    elif coll == "reduce":
+        comm.reduce(x, root, algorithm=algo, group=g)
+    elif coll == "broadcast":
+        comm.broadcast(x, root, algorithm=algo, group=g)
+    elif coll == "all_gather":
+        comm.all_gather_into_tensor(torch.empty(n * count), x, algorithm=algo, group=g)
+    elif coll == "reduce_scatter":
+        comm.reduce_scatter_tensor(torch.empty(count), torch.ones(n * count), algorithm=algo, group=g)
+    elif coll == "gather":
+        comm.gather(x, [torch.empty(count) for _ in range(n)] if r == root else None, root, algorithm=algo, group=g)
+    elif coll == "scatter":
+        comm.scatter(x, [torch.ones(count) for _ in range(n)] if r == root else None, root, algorithm=algo, group=g)
+    elif coll == "all_to_all":
+        sizes = chunk_sizes(count, n)
+        comm.all_to_all([torch.empty(sizes[r]) for _ in range(n)], [torch.ones(s) for s in sizes],
+                        algorithm=algo, group=g)
+    else:
+        raise ValueError(f"unknown collective {coll!r}")

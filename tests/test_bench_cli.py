@@ -9,6 +9,8 @@ from ringzero import cli
 from ringzero.bench import comm as bench
 from ringzero.bench.comm_ranks import Cell, check, element_count
 from ringzero.comm import registry
+from ringzero.plan import links
+from ringzero.plan.comm_volume import call_for
 
 
 def _main(argv, capsys):
@@ -41,6 +43,14 @@ def test_bus_bandwidth_factors_follow_nccl_tests():
     (["--dtype", "complex64"], "--dtype"),
     (["--worlds", "2,9"], "--worlds"),
     (["--nproc", "1", "--calibrate"], "at least 2 ranks"),
+    (["--ranks-per-node", "2", "--emulate-inter-node", "fast"], "--emulate-inter-node takes GBPS"),
+    (["--ranks-per-node", "2", "--emulate-inter-node", "0"], "GBPS > 0"),
+    (["--ranks-per-node", "2", "--emulate-inter-node", "1,-3"], "LATENCY_US >= 0"),
+    (["--ranks-per-node", "2", "--emulate-inter-node", "1,2,3"], "GBPS[,LATENCY_US]"),
+    (["--emulate-inter-node", "1"], "--ranks-per-node below the largest world"),
+    (["--nproc", "4", "--ranks-per-node", "4", "--emulate-inter-node", "1"], "largest world (4)"),
+    (["--ranks-per-node", "2", "--emulate-inter-node", "1", "--compare"], "algorithm 'torch'"),
+    (["--ranks-per-node", "2", "--emulate-inter-node", "1", "--calibrate"], "--calibrate"),
 ])
 def test_bad_input_exits_2_before_any_rank_starts(argv, message, capsys):
     code, _, err = _main(["bench", "comm", *argv], capsys)
@@ -95,3 +105,22 @@ def test_cli_calibrate_compare_plot(tmp_path, capsys):
     data = json.loads(out_file.read_text())
     assert data["model"]["alpha"] >= 0 and data["error"]["rows"] > 0
     assert png.stat().st_size > 0
+
+
+def test_cli_emulated_nodes_report_cross_node_bytes_and_prediction(capsys):
+    """3 ranks on nodes {0, 1} and {2}: the measured cross-node bytes are the plan's, and the modelled
+    algorithms carry the α-β prediction of the emulated links (unmodelled ones: None)."""
+    argv = ["bench", "comm", "--nproc", "3", "--ranks-per-node", "2", "--emulate-inter-node", "20,5",
+            "--collective", "all_reduce", "--algorithm", "ring,hierarchical,tree", "--sizes", "12KiB",
+            "--iters", "1", "--warmup", "0", "--json"]
+    code, out, _ = _main(argv, capsys)
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert sorted(r["algorithm"] for r in rows) == ["hierarchical", "ring", "tree"]
+    for r in rows:
+        call = call_for("all_reduce", r["algorithm"], 3, r["count"], 4, ranks_per_node=2)
+        if r["algorithm"] == "tree":
+            assert r["emulated_us"] is None and r["cross_node_bytes"] == 3 * 4 * 1024  # 2 <-> 0, whole buffer
+            continue
+        assert r["cross_node_bytes"] == max(links.cross_node_bytes(call, k, [0, 1, 2], 2)[0] for k in range(3))
+        assert r["emulated_us"] == pytest.approx(links.emulated_seconds(call, range(3), 2, 20.0, 5.0) * 1e6)

@@ -8,13 +8,13 @@ received, messages, rounds and bytes reduced measured by `TrafficMeter` equal
 from __future__ import annotations
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from ringzero import comm
-from ringzero.plan.chunks import chunk_sizes
 from ringzero.plan.comm_volume import Volume, call_for, volume
 from ringzero.comm.registry import TABLE
+
+from collective_cases import run_once
 
 WORLDS = (2, 3, 4, 5, 7, 8)
 COUNTS = (1, 6, 1001, 300_007)  # 300_007 float32 spans several 1 MiB ring segments per chunk
@@ -22,25 +22,8 @@ COUNTS = (1, 6, 1001, 300_007)  # 300_007 float32 spans several 1 MiB ring segme
 
 def _measure(g, coll, algo, n, r, count, root):
     """Run one call under a meter; return (measured, planned) as tuples."""
-    x = torch.ones(count)
     with comm.TrafficMeter() as m:
-        if coll == "all_reduce":
-            comm.all_reduce(x, algorithm=algo, group=g)
-        elif coll == "reduce":
-            comm.reduce(x, root, algorithm=algo, group=g)
-        elif coll == "broadcast":
-            comm.broadcast(x, root, algorithm=algo, group=g)
-        elif coll == "all_gather":
-            comm.all_gather_into_tensor(torch.empty(n * count), x, algorithm=algo, group=g)
-        elif coll == "reduce_scatter":
-            comm.reduce_scatter_tensor(torch.empty(count), torch.ones(n * count), algorithm=algo, group=g)
-        elif coll == "gather":
-            comm.gather(x, [torch.empty(count) for _ in range(n)] if r == root else None, root, algorithm=algo, group=g)
-        elif coll == "scatter":
-            comm.scatter(x, [torch.ones(count) for _ in range(n)] if r == root else None, root, algorithm=algo, group=g)
-        elif coll == "all_to_all":
-            sizes = chunk_sizes(count, n)
-            comm.all_to_all([torch.empty(sizes[r]) for _ in range(n)], [torch.ones(s) for s in sizes], algorithm=algo, group=g)
+        run_once(coll, algo, g, n, r, count, root)
     got = m.get(coll, algo)
     measured = Volume(got.bytes_sent, got.bytes_recv, got.messages_sent, got.messages_recv,
                       got.rounds, got.bytes_reduced)

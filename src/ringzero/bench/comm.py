@@ -10,6 +10,13 @@ the collective's factor, which makes busbw comparable with the link speed whatev
 reduce 1; nccl-tests' PERFORMANCE.md), and #wrong (elements that differ from the exact result in a
 checked run of every cell; see `bench.comm_ranks`). `--compare` adds the backend's own collective as
 algorithm "torch". All arguments are checked before any rank starts.
+
+`--emulate-inter-node GBPS[,LATENCY_US]` with `--ranks-per-node K` turns the local ranks into nodes
+of K joined by a GBPS GB/s network (`comm.link_emulator`), and each row gains the bytes the busiest
+rank sent to other nodes in one call (measured by the traffic meter) and the α-β prediction of the
+time the emulated links add (`plan.links.emulated_seconds`, for the algorithms it models):
+
+    ringzero bench comm --nproc 4 --ranks-per-node 2 --emulate-inter-node 1,5 --collective all_reduce
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ from .. import launch, outputs
 from ..errors import usage
 from ..comm import cost, registry
 from ..comm.ops import SUPPORTED_DTYPES
-from ..plan.comm_volume import bus_factor
+from ..plan import links
+from ..plan.comm_volume import bus_factor, call_for
 from ..plan.units import parse_size
 from .comm_ranks import Job, element_count, rank_main
 
@@ -62,6 +70,38 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
         return tuple(int(t) for t in text.split(",") if t.strip()) or _empty(option)
     except ValueError:
         raise ValueError(f"{option} takes comma-separated integers, got {text!r}") from None
+
+
+def parse_emulation(text: str | None) -> tuple[float, float] | None:
+    """'1' -> (1.0, 0.0), '0.5,20' -> (0.5, 20.0): GB/s and µs per message of the emulated link."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        gbps, latency = float(parts[0]), float(parts[1]) if len(parts) > 1 else 0.0
+    except ValueError:
+        gbps = latency = float("nan")
+    if len(parts) > 2 or not (0 < gbps < float("inf") and 0 <= latency < float("inf")):
+        raise ValueError(f"--emulate-inter-node takes GBPS[,LATENCY_US] with GBPS > 0 and "
+                         f"LATENCY_US >= 0, got {text!r}")
+    return gbps, latency
+
+
+def _check_emulation(args, worlds, cases) -> tuple[float, float] | None:
+    """The emulated link, if asked for, once it can make a difference and be measured."""
+    emulation = parse_emulation(args.emulate_inter_node)
+    if emulation is None:
+        return None
+    if args.ranks_per_node is None or args.ranks_per_node >= max(worlds):
+        raise ValueError(f"--emulate-inter-node needs nodes to link: --ranks-per-node below the "
+                         f"largest world ({max(worlds)}), got {args.ranks_per_node}")
+    if any("torch" in algs for _, algs in cases):
+        raise ValueError("--emulate-inter-node delays ringzero's own messages, not the backend's "
+                         "collectives: drop algorithm 'torch' and --compare")
+    if args.calibrate:
+        raise ValueError("--calibrate fits this machine's links: it cannot be combined with "
+                         "--emulate-inter-node")
+    return emulation
 
 
 def _cases(args) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -117,9 +157,10 @@ def build_job(args) -> Job:
         if small:
             raise ValueError(f"size {small[0]} B holds no {args.dtype} element per rank for {c} "
                              f"on {max(worlds)} ranks")
+    gbps, latency = _check_emulation(args, worlds, cases) or (None, 0.0)
     return Job(worlds=tuple(sorted(set(worlds))), cases=cases, sizes=sizes, dtype=args.dtype,
                iters=args.iters, warmup=args.warmup, ranks_per_node=args.ranks_per_node,
-               every_algorithm=not args.algorithm)
+               every_algorithm=not args.algorithm, inter_node_gbps=gbps, inter_node_latency_us=latency)
 
 
 def add_arguments(parser) -> None:
@@ -135,6 +176,10 @@ def add_arguments(parser) -> None:
     a("--worlds", help="also measure on sub-groups of these sizes, e.g. 2,3,4 (default: --nproc; "
                        "with --calibrate 2..--nproc)")
     a("--ranks-per-node", type=int, help="emulate nodes of this many ranks (hierarchical, auto)")
+    a("--emulate-inter-node", metavar="GBPS[,LATENCY_US]",
+      help="join the --ranks-per-node nodes by an emulated link of GBPS GB/s and LATENCY_US µs per "
+           "message (default 0): messages between nodes wait for it; rows gain the cross-node bytes "
+           "and the α-β prediction of the emulated time")
     a("--compare", action="store_true", help="add the backend's own collective as algorithm 'torch'")
     a("--json", action="store_true", help="print machine-readable JSON instead of a table")
     a("--plot", metavar="FILE.png", help="write busbw vs size to this PNG")
@@ -155,7 +200,21 @@ def measure(job: Job, nproc: int, timeout: float = 3600.0) -> list[dict]:
     rows = launch.spawn(rank_main, nproc, (job,), timeout=timeout)[0]
     for row in rows:
         row["algbw"], row["busbw"] = bandwidths(row)
+        if job.inter_node_gbps is not None:
+            row["emulated_us"] = emulated_us(row, job.inter_node_gbps, job.inter_node_latency_us)
     return rows
+
+
+def emulated_us(row: dict, gbps: float, latency_us: float) -> float | None:
+    """`plan.links.emulated_seconds` of a row's call in µs; None for an algorithm it does not model.
+
+    The bench's groups are the prefixes {0..w-1}, so group rank i is global rank i."""
+    collective, algorithm, n = row["collective"], row["algorithm"], row["world"]
+    if algorithm not in links.modelled(collective):
+        return None
+    call = call_for(collective, algorithm, n, row["count"], row["itemsize"],
+                    ranks_per_node=row["ranks_per_node"])
+    return links.emulated_seconds(call, range(n), row["ranks_per_node"], gbps, latency_us) * 1e6
 
 
 def run(args) -> int:

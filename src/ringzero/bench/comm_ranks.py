@@ -11,10 +11,14 @@ interleaved (rep 1 of every algorithm, then rep 2, ...) so that drift in the mac
 all of them alike. A row reports the median repetition.
 
 Worlds smaller than the launch are prefix sub-groups {0..w-1}; the other ranks wait at a barrier.
+
+Under the link emulator (`Job.inter_node_gbps`) the untimed call of each algorithm runs under a
+traffic meter, and the row's cross_node_bytes is the most bytes any rank sent to other nodes in it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 import warnings
@@ -51,6 +55,10 @@ class Job:
     """The algorithm list is the default (all): skip `hierarchical` where it would span one node."""
     target_s: float = TARGET_S
     """Aim for repetitions of about this many seconds (more calls per repetition when short)."""
+    inter_node_gbps: float | None = None
+    """Emulated inter-node link between nodes of `ranks_per_node` ranks, GB/s (None: none)."""
+    inter_node_latency_us: float = 0.0
+    """Its latency per message, µs."""
 
 
 def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
@@ -177,11 +185,16 @@ def measure_cell(group, collective: str, algorithms, count: int, job: Job) -> li
     """Check and time every algorithm on one (collective, count); rows are valid on every rank."""
     dtype = getattr(torch, job.dtype)
     cell = Cell(collective, group, count, dtype)
-    wrong, inner = check(cell, algorithms), []
+    wrong, inner, cross = check(cell, algorithms), [], []
     for a in algorithms:
-        cell.call(a)  # the first timed call would also pay for lazily built state (groups, buffers)
+        meter = comm.TrafficMeter() if job.inter_node_gbps is not None else None
+        with meter or contextlib.nullcontext():
+            cell.call(a)  # the first timed call would also pay for lazily built state (groups, buffers)
+        if meter is not None:
+            cross.append(float(meter.total().cross_node_bytes_sent))
         inner.append(_timed(cell, a, max(1, job.warmup)))
     wrong = _max_over(group, [float(w) for w in wrong], dist.ReduceOp.SUM)
+    cross = _max_over(group, cross) if cross else None
     inner = [max(1, min(MAX_INNER, int(job.target_s / max(t, 1e-9)))) for t in _max_over(group, inner)]
     reps = [[] for _ in algorithms]
     for _ in range(job.iters):
@@ -196,6 +209,8 @@ def measure_cell(group, collective: str, algorithms, count: int, job: Job) -> li
                      "itemsize": itemsize, "dtype": job.dtype, "size": count * itemsize,
                      "ranks_per_node": job.ranks_per_node, "time_us": statistics.median(times) * 1e6,
                      "reps_us": [t * 1e6 for t in times], "inner": inner[i], "wrong": int(wrong[i])})
+        if cross is not None:
+            rows[-1]["cross_node_bytes"] = int(cross[i])
     return rows
 
 
@@ -206,7 +221,8 @@ def rank_main(job: Job) -> list[dict] | None:
     groups = {w: dist.new_group(list(range(w))) if w < world else dist.group.WORLD for w in job.worlds}
     itemsize = torch.empty((), dtype=getattr(torch, job.dtype)).element_size()
     rows: list[dict] = []
-    with comm.configure(checks=False, ranks_per_node=job.ranks_per_node):
+    with comm.configure(checks=False, ranks_per_node=job.ranks_per_node, inter_node_gbps=job.inter_node_gbps,
+                        inter_node_latency_us=job.inter_node_latency_us):
         for w in job.worlds:
             if rank < w:
                 for collective, algorithms in job.cases:

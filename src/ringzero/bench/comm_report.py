@@ -17,21 +17,35 @@ def make_console() -> Console:
     return console
 
 
+EMULATION_CAPTION = ("x-node B: the most bytes one rank sent to other nodes in one call (traffic "
+                     "meter). emu (µs): α-β prediction of the time the emulated links add, "
+                     "Σ over steps of the slowest rank's inter-node messages (plan.links); the "
+                     "machine's own time comes on top; '-': algorithm not modelled.")
+
+
 def print_table(rows: list[dict], console: Console | None = None) -> None:
-    """One table per (collective, world), rows by size then algorithm, as nccl-tests prints."""
+    """One table per (collective, world), rows by size then algorithm, as nccl-tests prints; under
+    the link emulator two more columns, the cross-node bytes and the predicted emulated time."""
     console = console or make_console()
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in rows:
         groups.setdefault((r["collective"], r["world"]), []).append(r)
+    emulated = any("emulated_us" in r for r in rows)
+    extra = ("x-node B", "emu (µs)") if emulated else ()
     for (collective, world), rs in groups.items():
         t = Table(title=f"{collective} on {world} ranks (bandwidths in GB/s)", title_justify="left",
-                  box=box.SIMPLE_HEAD)
-        for name in ("size (B)", "count", "type", "algorithm", "time (µs)", "algbw", "busbw", "#wrong"):
+                  box=box.SIMPLE_HEAD, caption=EMULATION_CAPTION if emulated else None,
+                  caption_justify="left")
+        for name in ("size (B)", "count", "type", "algorithm", "time (µs)", "algbw", "busbw", "#wrong",
+                     *extra):
             t.add_column(name, justify="left" if name in ("type", "algorithm") else "right", no_wrap=True)
         for r in sorted(rs, key=lambda r: r["size"]):
-            t.add_row(str(r["size"]), str(r["count"]), r["dtype"], r["algorithm"],
-                      f"{r['time_us']:.1f}", f"{r['algbw']:.3f}", f"{r['busbw']:.3f}",
-                      str(r["wrong"]), style="red" if r["wrong"] else None)
+            cells = [str(r["size"]), str(r["count"]), r["dtype"], r["algorithm"],
+                     f"{r['time_us']:.1f}", f"{r['algbw']:.3f}", f"{r['busbw']:.3f}", str(r["wrong"])]
+            if emulated:
+                predicted = r.get("emulated_us")
+                cells += [str(r.get("cross_node_bytes", "-")), "-" if predicted is None else f"{predicted:.1f}"]
+            t.add_row(*cells, style="red" if r["wrong"] else None)
         console.print(t)
 
 

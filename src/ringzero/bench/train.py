@@ -87,6 +87,12 @@ def add_arguments(parser) -> None:
     a("--rc-seq", type=int, default=384, help="recompute shape: sequence length (default 384)")
     a("--rc-batch", type=int, default=1, help="recompute: sequences per step (default 1)")
     a("--rc-steps", type=int, default=12, help="recompute: steps per mode (default 12)")
+    a("--strategy", default="zero3", help="with --zeropp: the base strategy, zero3 (ZeRO++'s)")
+    a("--zeropp", metavar="qwz,hpz,qgz", help="compare ZeRO++ with these options against ZeRO-3 (replaces the suites; --algorithm auto "
+                                       "runs ring there, whose cross-node bytes the planner models)")
+    a("--ranks-per-node", type=int, help="with --zeropp: emulate nodes of this many ranks")
+    a("--emulate-inter-node", metavar="GBPS[,LATENCY_US]",
+      help="with --zeropp: delay cross-node messages as a link of this bandwidth and latency would")
     a("--json", metavar="FILE", help="also write the results as JSON to FILE")
     a("--timeout", type=float, default=1800.0, help="seconds before every rank is stopped")
 
@@ -94,6 +100,11 @@ def add_arguments(parser) -> None:
 def build_job(args):
     """Validate every argument (ValueError with one line) and return what the ranks will run."""
     from .train_ranks import Job
+    for flag in ("ranks_per_node", "emulate_inter_node"):
+        if getattr(args, flag) is not None:
+            raise ValueError(f"--{flag.replace('_', '-')} is for the ZeRO++ comparison: it needs --zeropp")
+    if args.strategy != "zero3":
+        raise ValueError("--strategy picks ZeRO++'s base: it needs --zeropp")
     suites = tuple(s.strip() for s in args.suites.split(",") if s.strip())
     bad = [s for s in suites if s not in SUITE_NAMES]
     if bad or not (suites or args.tp > 1 or args.pp > 1):
@@ -263,9 +274,14 @@ def benchmark(args) -> dict:
 
 
 def run(args) -> int:
-    from .train_report import print_report
-    result = benchmark(args)
-    print_report(result)
+    if args.zeropp is not None:
+        from . import zeropp
+        result = zeropp.benchmark(args)
+        zeropp.print_report(result)
+    else:
+        from .train_report import print_report
+        result = benchmark(args)
+        print_report(result)
     if args.json:
         from ..outputs import write_text
         write_text(args.json, json.dumps(result, indent=1) + "\n")

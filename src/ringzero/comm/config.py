@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ class CommConfig:
     torch users expect, and RINGZERO_CHECKS=0 overrides DETAIL."""
 
     ranks_per_node: int | None = None
-    """Ranks per node for `hierarchical` (and the two-tier cost model). None: LOCAL_WORLD_SIZE
-    under torchrun, else RINGZERO_RANKS_PER_NODE, else the whole group is one node."""
+    """Ranks per node for `hierarchical` (and the two-tier cost model), for the traffic meter's
+    cross-node bytes and for the link emulator (`inter_node_gbps`). None: LOCAL_WORLD_SIZE under
+    torchrun, else RINGZERO_RANKS_PER_NODE, else the whole group is one node."""
 
     checks: bool = dataclasses.field(default_factory=_checks_from_env)
     """Before each collective, all-gather a few integers describing the call (`comm.check`: call
@@ -48,17 +50,49 @@ class CommConfig:
     calibration: str | None = None
     """Calibration file for algorithm="auto"; None: RINGZERO_CALIBRATION, else the default path."""
 
+    inter_node_gbps: float | None = None
+    """Emulate an inter-node network of this many GB/s (1e9 bytes/s) per rank on one machine: every
+    message a collective sends to a rank of another node (nodes are `ranks_per_node` consecutive
+    global ranks) is held back by its sender as long as such a link would take to deliver it
+    (`comm.link_emulator`); messages inside a node go at the machine's own speed. None: no
+    emulation. The backend's own collectives (algorithm "torch") are never delayed."""
+
+    inter_node_latency_us: float = 0.0
+    """Latency of each message on the emulated inter-node link, in µs (the α of the α-β model);
+    used only with `inter_node_gbps`."""
+
     def __post_init__(self) -> None:
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+        g = self.inter_node_gbps
+        if g is not None and not (_number(g) and g > 0 and math.isfinite(g)):
+            raise ValueError(f"inter_node_gbps must be a finite number of GB/s > 0, or None, got {g!r}")
+        lat = self.inter_node_latency_us
+        if not (_number(lat) and lat >= 0 and math.isfinite(lat)):
+            raise ValueError(f"inter_node_latency_us must be a finite number of µs >= 0, got {lat!r}")
 
     def node_size(self, group_size: int) -> int:
         """Ranks per node to use in a group of `group_size`."""
+        k = self.world_node_size()
+        return group_size if k is None else max(1, min(k, group_size))
+
+    def world_node_size(self) -> int | None:
+        """Ranks per node of the whole world (the field, else RINGZERO_RANKS_PER_NODE, else
+        LOCAL_WORLD_SIZE; `node_size` clips it to a group); None when the world is one node. The node
+        of global rank g is g // world_node_size(): what the traffic meter and the link emulator
+        use to tell inter-node messages from intra-node ones."""
         k = self.ranks_per_node
         if k is None:
             env = os.environ.get("RINGZERO_RANKS_PER_NODE") or os.environ.get("LOCAL_WORLD_SIZE")
-            k = int(env) if env else group_size
-        return max(1, min(k, group_size))
+            if not env:
+                return None
+            k = int(env)
+        return max(1, k)
+
+
+def _number(x) -> bool:
+    """A real number that is not a bool (True would otherwise pass as 1)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 _current = CommConfig()

@@ -7,8 +7,11 @@
 Counts are per rank and per (collective, algorithm). A *round* is one step of the algorithm in
 which this rank sends or receives at least one message: the length of this rank's chain of
 dependent communication steps (pipelined segments of one step are messages of the same round).
-Bytes reduced (the γ term of the cost model) are counted too. `ringzero.plan.comm_volume` holds
-the analytic twin of every figure; the tests assert that the two agree exactly.
+Bytes reduced (the γ term of the cost model) are counted too, and the bytes that cross nodes
+(`cross_node_bytes_*`, by the peer's global rank). `ringzero.plan.comm_volume` and
+`ringzero.plan.links` hold the analytic twin of every figure; the tests assert that they agree
+exactly. Algorithm "torch" (the backend's own collectives) is counted as calls only: its messages
+never pass through ringzero, so neither its bytes nor their nodes can be seen.
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ class Traffic:
     messages_recv: int = 0
     rounds: int = 0
     bytes_reduced: int = 0
+    cross_node_bytes_sent: int = 0
+    """Of `bytes_sent`, the bytes whose receiver is on another node (nodes are
+    `CommConfig.ranks_per_node` consecutive global ranks; one node when it is unset, then this is
+    0). The intra-node bytes are bytes_sent - cross_node_bytes_sent. Always 0 for algorithm
+    "torch": the backend's own collectives are not seen message by message."""
+    cross_node_bytes_recv: int = 0
+    """Of `bytes_recv`, the bytes whose sender is on another node."""
 
     def add(self, other: "Traffic") -> None:
         for f in dataclasses.fields(self):

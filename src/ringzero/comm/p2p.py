@@ -11,6 +11,9 @@ send/recv calls serialise on the stream and a ring of them deadlocks (seen at 4 
 sends and receives are truly asynchronous, so there they are posted one by one on the group's
 `ProcessGroup` (`send`/`recv` with group ranks, what `dist.isend` calls after its checks), and the
 pipelined ring posts each message on its own (`post_send`, `post_recv`).
+Every message is counted by the traffic meter, its bytes split between intra- and inter-node links
+by the peer's global rank (`cross_flags`); with `CommConfig.inter_node_gbps` set, a send to another
+node is posted only once the emulated inter-node link has delivered it (`link_emulator`).
 Messages between one pair of ranks are matched in posting order, so every algorithm posts them in
 the same order on both sides. Zero-length messages are never sent; both sides skip them because
 both know the chunk sizes.
@@ -24,6 +27,8 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from . import link_emulator
+from .config import get_config
 from .meter import active_entries, add
 from .ops import Op, reducer
 
@@ -70,6 +75,15 @@ class TorchComm:
         self._meters = active_entries(key)
         self._arena_used = 0
         add(self._meters, calls=1)
+        cfg = get_config()
+        self._link = link_emulator.link_for(cfg)
+        # Per group rank: is that peer on another node? Only built when someone will ask.
+        self._cross = None
+        if self._meters or self._link is not None:
+            ranks = self._global if self._global is not None else range(self.size)
+            self._cross = cross_flags(ranks, self.rank, cfg.world_node_size())
+        if not any(self._cross or ()):
+            self._link = None  # the group sits in one node: nothing to delay
 
     def _check(self, r: int) -> int:
         if not 0 <= r < self.size or r == self.rank:
@@ -108,6 +122,8 @@ class TorchComm:
         if not sends and not recvs:
             return Pending(())
         self._count(sends, recvs, new_round)
+        if self._link is not None:
+            return self._exchange_emulated(sends, recvs)
         if self._batched:
             ops = [dist.P2POp(dist.isend, b, self._peer(p), group=self.group) for p, b in sends]
             ops += [dist.P2POp(dist.irecv, b, self._peer(p), group=self.group) for p, b in recvs]
@@ -116,9 +132,33 @@ class TorchComm:
         works += [self._pg.recv([b], self._check(p), 0) for p, b in recvs]
         return Pending(works)
 
+    def _exchange_emulated(self, sends, recvs) -> Pending:
+        """`exchange` under the link emulator: intra-node sends and every receive are posted at
+        once, each inter-node send by the NIC thread once the emulated link has delivered it, in
+        order. Only messages to different peers change places, so the per-pair order that matches
+        them stays."""
+        cross = self._cross
+        far = [(p, b) for p, b in sends if cross[self._check(p)]]
+        near = [(p, b) for p, b in sends if not cross[p]]
+        if self._batched:  # one NCCL group: hold it all until the last inter-node message arrives
+            for _, b in far:
+                link_emulator.transmit(self._link, b.numel() * self.itemsize)
+            ops = [dist.P2POp(dist.isend, b, self._peer(p), group=self.group) for p, b in near + far]
+            ops += [dist.P2POp(dist.irecv, b, self._peer(p), group=self.group) for p, b in recvs]
+            return Pending(dist.batch_isend_irecv(ops))
+        works = [self._pg.send([b], p, 0) for p, b in near]
+        works += [self._pg.recv([b], self._check(p), 0) for p, b in recvs]
+        works += [link_emulator.send_later(self._link, b.numel() * self.itemsize,
+                                           lambda p=p, b=b: self._pg.send([b], p, 0)) for p, b in far]
+        return Pending(works)
+
     def post_send(self, peer: int, buf: torch.Tensor, new_round: bool = False):
-        """Post one non-empty send on an async backend; returns a handle with `wait()`."""
+        """Post one non-empty send on an async backend; returns a handle with `wait()`. Under the
+        link emulator an inter-node send is posted once the emulated link has delivered it."""
         self._count(((peer, buf),), (), new_round)
+        if self._link is not None and self._cross[self._check(peer)]:
+            return link_emulator.send_later(self._link, buf.numel() * self.itemsize,
+                                            lambda: self._pg.send([buf], peer, 0))
         return self._pg.send([buf], self._check(peer), 0)
 
     def post_recv(self, peer: int, buf: torch.Tensor, new_round: bool = False):
@@ -149,6 +189,22 @@ class TorchComm:
     def _count(self, sends, recvs, new_round: bool) -> None:
         if not self._meters:
             return
-        add(self._meters, bytes_sent=sum(b.numel() for _, b in sends) * self.itemsize,
-            bytes_recv=sum(b.numel() for _, b in recvs) * self.itemsize, messages_sent=len(sends),
-            messages_recv=len(recvs), rounds=1 if new_round else 0)
+        k = self.itemsize
+        deltas = dict(bytes_sent=sum(b.numel() for _, b in sends) * k,
+                      bytes_recv=sum(b.numel() for _, b in recvs) * k, messages_sent=len(sends),
+                      messages_recv=len(recvs), rounds=1 if new_round else 0)
+        cross = self._cross
+        if cross is not None:
+            deltas["cross_node_bytes_sent"] = sum(b.numel() for p, b in sends if cross[p]) * k
+            deltas["cross_node_bytes_recv"] = sum(b.numel() for p, b in recvs if cross[p]) * k
+        add(self._meters, **deltas)
+
+
+def cross_flags(ranks: Sequence[int], rank: int, ranks_per_node: int | None) -> tuple[bool, ...] | None:
+    """For each group rank, whether it sits on another node than group rank `rank`; None when the
+    world is one node. `ranks[i]` is group rank i's global rank; the node of global rank g is
+    g // ranks_per_node (`CommConfig.world_node_size`)."""
+    if ranks_per_node is None:
+        return None
+    mine = ranks[rank] // ranks_per_node
+    return tuple(g // ranks_per_node != mine for g in ranks)

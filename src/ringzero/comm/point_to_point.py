@@ -16,8 +16,10 @@ matches messages by (peer, tag) in posting order. NCCL has no tags: there the or
 both sides is the match, which the pipeline schedules keep (every stage runs its forwards, and its
 backwards, in one global order).
 
-Every message is counted by the traffic meter under "send_recv/p2p": bytes and messages each way,
-one call per `post`.
+Every message is counted by the traffic meter under "send_recv/p2p": bytes and messages each way
+(with the bytes that cross nodes, by the peer's global rank), one call per `post`. Under the link
+emulator (`CommConfig.inter_node_gbps`) the receives and intra-node sends are posted first, then
+each inter-node send once the emulated link has delivered it (`link_emulator`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from . import link_emulator
+from .config import get_config
 from .meter import active_entries, add
+from .p2p import cross_flags
 
 KEY = "send_recv/p2p"
 
@@ -44,14 +49,47 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
         if not 0 <= peer < n or peer == me:
             raise ValueError(f"rank {me} addressed peer {peer} in a group of {n}")
     meters = active_entries(KEY)
-    add(meters, calls=1, bytes_sent=sum(t.numel() * t.element_size() for _, t in sends),
-        bytes_recv=sum(t.numel() * t.element_size() for _, t in recvs),
-        messages_sent=len(sends), messages_recv=len(recvs), rounds=1)
+    cfg = get_config()
+    link = link_emulator.link_for(cfg)
+    cross = _cross(group, me, n, cfg.world_node_size()) if meters or link is not None else None
+    _count(meters, sends, recvs, cross)
+    far = [] if link is None or cross is None else [(p, t) for p, t in sends if cross[p]]
+    if far:
+        sends = [(p, t) for p, t in sends if not cross[p]]
     if dist.get_backend(group) == "nccl":
+        for _, t in far:  # one NCCL group: hold it until the last inter-node message has arrived
+            link_emulator.transmit(link, _nbytes(t))
         glob = dist.get_global_rank if group is not None else (lambda g, r: r)
-        ops = [dist.P2POp(dist.isend, t, glob(group, p), group=group, tag=tag) for p, t in sends]
+        ops = [dist.P2POp(dist.isend, t, glob(group, p), group=group, tag=tag) for p, t in [*sends, *far]]
         ops += [dist.P2POp(dist.irecv, t, glob(group, p), group=group, tag=tag) for p, t in recvs]
         # One NCCL group: its handles complete together, so all of them are the receives' to wait on.
         return [], dist.batch_isend_irecv(ops) if ops else []
     pg = group if group is not None else dist.group.WORLD
-    return ([pg.send([t], p, tag) for p, t in sends], [pg.recv([t], p, tag) for p, t in recvs])
+    works = [pg.send([t], p, tag) for p, t in sends]
+    received = [pg.recv([t], p, tag) for p, t in recvs]
+    works += [link_emulator.send_later(link, _nbytes(t), lambda p=p, t=t: pg.send([t], p, tag)) for p, t in far]
+    return works, received
+
+
+def _count(meters, sends, recvs, cross) -> None:
+    """One call of messages `sends` and `recvs` on every open meter; `cross[p]`: peer p is on
+    another node (None: one node, no cross-node bytes)."""
+    deltas = dict(calls=1, bytes_sent=sum(_nbytes(t) for _, t in sends),
+                  bytes_recv=sum(_nbytes(t) for _, t in recvs),
+                  messages_sent=len(sends), messages_recv=len(recvs), rounds=1)
+    if cross is not None:
+        deltas["cross_node_bytes_sent"] = sum(_nbytes(t) for p, t in sends if cross[p])
+        deltas["cross_node_bytes_recv"] = sum(_nbytes(t) for p, t in recvs if cross[p])
+    add(meters, **deltas)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _cross(group, me: int, n: int, ranks_per_node: int | None):
+    """`p2p.cross_flags` of this group (None: one node)."""
+    if ranks_per_node is None:
+        return None
+    ranks = dist.get_process_group_ranks(group) if group is not None else range(n)
+    return cross_flags(ranks, me, ranks_per_node)

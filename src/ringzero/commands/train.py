@@ -33,7 +33,8 @@ FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
          "micro_batch", "grad_accum", "lr", "warmup", "weight_decay", "clip", "bucket_mb",
          "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
-         "layers", "pp", "schedule", "virtual_stages")
+         "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits",
+         "offload_optimizer", "offload_params", "nvme_path", "offload_buffers")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="synthetic pipeline costs: each stage's forward and backward of a micro-batch last at "
                         "least this long (a sleep), so the schedule, not shared cores, sets the timing")
     p.add_argument("--pipeline-plot", metavar="FILE.png", help="draw the measured pipeline schedule here")
+    p.add_argument("--zeropp", metavar="qwz,hpz,qgz", default=None,
+                   help="ZeRO++ on ZeRO-3: quantized weights (qwz), a node-local secondary weight partition "
+                        "(hpz), quantized hierarchical gradients (qgz); any comma list")
+    p.add_argument("--emulate-inter-node", metavar="GBPS[,LATENCY_US]", default=None,
+                   help="delay every cross-node message as a link of this bandwidth (GB/s) and latency "
+                        "would (needs --ranks-per-node)")
     p.add_argument("--layout", choices=("auto",), default=None,
                    help="auto: run the dp x tp x pp layout (and ZeRO stage, schedule) ringzero.plan "
                         "recommends for this model on these ranks")
@@ -85,11 +92,26 @@ def _pipeline_cost(text: str | None) -> tuple[float, float] | None:
     return fwd, bwd
 
 
+def inter_node_link(text: str) -> tuple[float, float]:
+    """'GBPS[,LATENCY_US]' -> (GB/s, µs), or a one-line error."""
+    try:
+        parts = [float(x) for x in text.split(",")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or not all(math.isfinite(x) for x in parts) or parts[0] <= 0 or min(parts) < 0:
+        raise ValueError(f"--emulate-inter-node {text!r}: give GB/s > 0 and optionally latency µs >= 0, e.g. 1 or 1,20")
+    return parts[0], parts[1] if len(parts) == 2 else 0.0
+
+
 def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
     given = {k: getattr(args, k) for k in FLAGS + ("sequence_parallel",) if getattr(args, k, None) is not None}
     cost = _pipeline_cost(getattr(args, "pipeline_cost", None))
     if cost is not None:
         given["pipeline_cost"] = cost
+    if getattr(args, "zeropp", None) is not None:
+        given["zeropp"] = tuple(o.strip() for o in args.zeropp.split(",") if o.strip())
+    if getattr(args, "emulate_inter_node", None) is not None:
+        given["emulate_inter_node"] = inter_node_link(args.emulate_inter_node)
     cfg = from_deepspeed(args.config, world, **given) if args.config else TrainConfig(**given)
     if getattr(args, "layout", None) == "auto":
         cfg = auto_layout(cfg, world, given)
@@ -146,7 +168,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     """Every check that can fail before a rank starts."""
     from .. import outputs
     from ..comm import config as comm_config
-    from ..train import data, footprint
+    from ..train import data, footprint, zero_options
 
     world = _world(args, torchrun)
     if not args.timeout > 0:
@@ -155,6 +177,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     comm_config.CommConfig()                      # reads RINGZERO_CHECKS / TORCH_DISTRIBUTED_DEBUG
     cfg = config_from(args, world)
     cfg.placement(world)                           # tp and dp against the world
+    zero_options.zeropp(cfg, world)                # ZeRO++'s blocks against the dp ranks
     if cfg.strategy == "single" and world != 1:
         raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
                          f"{', '.join(s for s in STRATEGIES if s != 'single')}")
@@ -166,6 +189,8 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
         outputs.check(args.pipeline_plot, "--pipeline-plot")
     if not torchrun:
         footprint.check(cfg, world, force=args.force)
+        zero_options.check_resources(cfg, world, say=lambda line: None if args.quiet else
+                                     print(line, file=sys.stderr, flush=True))
     data.check(len(data.corpus_bytes(cfg.data, cfg.max_bytes)), cfg.shape.seq)   # path and size, checked now
     return Job(cfg, world, watch)
 

@@ -17,6 +17,7 @@ The public interface, all a trainer, optimizer or benchmark uses:
     owned_weights()          the weights this rank's optimizer updates, one tensor per bucket
     reduced_grads()          their summed gradients (summed over ranks and micro-batches)
     sum_over_owners()        how to sum a tensor over the ranks owning other shards (or None)
+    before_step()            what precedes the update (ZeRO-3 parameter offload: load the shards)
     after_step()             what follows the update (ZeRO-1/2: gather the weights)
     zero_grad()              zero the gradient accumulators
     held_bytes(), transient_bytes(), layout(), full_params(), close()
@@ -178,6 +179,9 @@ class FlatStrategy:
     def owned_weights(self) -> list[torch.Tensor]:
         return [g.owned_weights() for g in self.groups]
 
+    def before_step(self) -> None:
+        """Nothing by default (the owned weights stay where the optimizer updates them)."""
+
     def after_step(self) -> None:
         """Nothing by default (DP updated the whole model on every rank)."""
 
@@ -225,6 +229,14 @@ class FlatStrategy:
         if self.accumulation is Accumulation.HOOKED:      # in place, .grad is a view of the flat
             n += nbytes(p.grad for g in self.groups for p in g.params)
         return n + (nbytes(g.grad_flat for g in self.groups) if s.shard_grads else 0)
+
+    def offload_bytes(self) -> dict[str, int]:
+        """Weight-shard bytes kept off the device, by location (ZeRO-3's parameter offload; none here)."""
+        return {"device": 0, "host": 0, "disk": 0}
+
+    def offload_io_bytes(self) -> dict[str, int]:
+        """Disk bytes the weight shards moved in the latest step (parameter offload to NVMe; none here)."""
+        return {"read": 0, "write": 0}
 
     def close(self) -> None:
         """Stop the communication thread when this strategy made it."""

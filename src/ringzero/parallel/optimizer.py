@@ -56,10 +56,14 @@ class ShardedAdam:
         self.config, self.sum_over_owners, self.counted = config, sum_over_owners, counted
         self.shards = weights
         self.mixed = self.shards[0].dtype != torch.float32
+        self.t = 0
+        self._allocate_state()
+
+    def _allocate_state(self) -> None:
+        """The fp32 master (the shard itself with fp32 weights), m and v, beside the shards."""
         self.master = [s.detach().float().clone() if self.mixed else s for s in self.shards]
         self.exp_avg = [torch.zeros_like(w) for w in self.master]
         self.exp_avg_sq = [torch.zeros_like(w) for w in self.master]
-        self.t = 0
 
     def _global_sq_norm(self, grads: list[torch.Tensor]) -> tuple[float, float]:
         """(Σ g² over every rank's shard, seconds in its all-reduce): one all-reduce of one number
@@ -101,31 +105,54 @@ class ShardedAdam:
         self._adam(grads, d if self.mixed else None, coef)
         return {"grad_norm": norm, "skipped": False, "comm_s": comm_s}
 
+    def _kernel_args(self) -> tuple[torch.Tensor, dict]:
+        """The step count and keyword arguments of this step's fused AdamW calls."""
+        c = self.config
+        return torch.tensor(float(self.t)), dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1],
+                                                 weight_decay=c.weight_decay, eps=c.eps, amsgrad=False,
+                                                 maximize=False)
+
     @torch.no_grad()
     def _adam(self, grads: list[torch.Tensor], divide: float | None, coef: float | None) -> None:
-        # torch's fused AdamW kernel (one vectorised pass over w, m, v and g, the arithmetic of
-        # `torch.optim.AdamW(fused=True)`) over each flat shard: the flat layout is what makes one
-        # call per bucket possible. 16-bit gradients are upcast chunk by chunk, so no fp32 copy of
-        # a whole bucket is ever alive.
-        c = self.config
-        kw = dict(lr=c.lr, beta1=c.betas[0], beta2=c.betas[1], weight_decay=c.weight_decay, eps=c.eps,
-                  amsgrad=False, maximize=False)
-        step = torch.tensor(float(self.t))
+        # torch's fused AdamW kernel over each flat shard: the flat layout is what makes one call per
+        # bucket possible. 16-bit gradients are upcast chunk by chunk, so no fp32 copy of a whole
+        # bucket is ever alive.
+        step, kw = self._kernel_args()
         for shard, w, g, m, v in zip(self.shards, self.master, grads, self.exp_avg, self.exp_avg_sq):
             if not self.mixed:
-                if coef is not None:
-                    g.mul_(coef)
-                torch._fused_adamw_([w], [g], [m], [v], [], [step], **kw)
+                adamw_(w, g, m, v, step, kw, None, coef)
                 continue
             for lo in range(0, w.numel(), CHUNK):
                 part = slice(lo, lo + CHUNK)
-                gc = g[part].float().div_(divide)
-                if coef is not None:
-                    gc.mul_(coef)
-                torch._fused_adamw_([w[part]], [gc], [m[part]], [v[part]], [], [step], **kw)
+                adamw_(w[part], g[part].float(), m[part], v[part], step, kw, divide, coef)
                 shard[part].copy_(w[part])
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (master copy when separate, m and v)."""
         ts = self.exp_avg + self.exp_avg_sq + (self.master if self.mixed else [])
         return sum(t.numel() * t.element_size() for t in ts)
+
+    def placement_bytes(self) -> dict[str, int]:
+        """Optimizer bytes by location (`plan.offload.placement`): all beside the weights."""
+        return {"device": self.state_bytes(), "host": 0, "disk": 0}
+
+    def io_bytes(self) -> dict[str, int]:
+        """Disk bytes read and written by the latest step: none without NVMe offload."""
+        return {"read": 0, "write": 0}
+
+    def close(self) -> None:
+        """Nothing to release (the offloaded optimizers free buffers and files here)."""
+
+
+def adamw_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: torch.Tensor,
+           kw: dict, divide: float | None, coef: float | None) -> None:
+    """One fused AdamW call (the arithmetic of `torch.optim.AdamW(fused=True)`, one vectorised pass)
+    on fp32 `w`, `m`, `v` of one shape, after dividing the fp32 gradient `g` by `divide` and scaling
+    it by the clip coefficient `coef`, in place, in torch's order (average, clip, update). The
+    kernel is elementwise, so calls on pieces give the bits of one call on the whole wherever the
+    pieces start at multiples of its vector width (`plan.offload.ALIGN_NUMEL`)."""
+    if divide is not None:
+        g.div_(divide)
+    if coef is not None:
+        g.mul_(coef)
+    torch._fused_adamw_([w], [g], [m], [v], [], [step], **kw)

@@ -11,6 +11,7 @@ zero or NaN that DeepSpeed users report from quantized runs).
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -40,35 +41,81 @@ def _check(bits: int, block: int) -> None:
         raise ValueError(f"block={block!r}; allowed: an even number of values >= 2")
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(n: int) -> torch.Tensor:
+    """This thread's fp32 scratch of `n` values, kept across calls: a fresh multi-MiB tensor costs a
+    page fault per 4 KiB on first touch, more than the arithmetic done in it."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.numel() < n:
+        buf = _SCRATCH.buf = torch.empty(n, dtype=torch.float32)
+    return buf[:n]
+
+
+def _blocks(flat: torch.Tensor, block: int) -> torch.Tensor:
+    """`flat` as (blocks, block): a view when it fills whole blocks, else a zero-padded copy."""
+    n = flat.numel()
+    if n % block == 0:
+        return flat.view(-1, block)
+    padded = torch.zeros(blocks(n, block) * block, dtype=flat.dtype, device=flat.device)
+    padded[:n] = flat
+    return padded.view(-1, block)
+
+
 def quantize(x: torch.Tensor, bits: int = 8, block: int = DEFAULT_BLOCK) -> Quantized:
     """`x` (any shape, floating point) as blockwise symmetric `bits`-bit codes and fp32 scales."""
     _check(bits, block)
-    flat = x.detach().reshape(-1).float()
+    flat = x.detach().reshape(-1)
     n, q = flat.numel(), levels(bits)
-    padded = torch.zeros(blocks(n, block) * block, dtype=torch.float32, device=flat.device)
-    padded[:n] = flat
-    v = padded.view(-1, block)                                   # (blocks, block)
-    absmax = v.abs().amax(dim=1)
+    v = _blocks(flat, block)                                     # (blocks, block), x's dtype
+    absmax = v.abs().amax(dim=1).float()
     finite = torch.isfinite(absmax)
-    # A zero block gets scale 1 (its codes are 0); a non-finite one is coded as zeros under scale NaN.
-    divisor = torch.where(finite & (absmax > 0), absmax / q, torch.ones_like(absmax))
-    codes = torch.round(torch.where(finite[:, None], v, 0.0) / divisor[:, None]).clamp_(-q, q).to(torch.int8)
     scales = torch.where(finite, absmax / q, torch.full_like(absmax, float("nan")))
-    codes = codes.reshape(-1)[:n]
+    # A zero block divides by 1 (its codes are 0). A non-finite block's codes are zeroed: its scale
+    # (NaN) alone decides what it dequantizes to. Passes over the values: divide, round, clamp, cast.
+    divisor = torch.where(finite & (absmax > 0), scales, torch.ones_like(absmax))
+    codes = torch.div(v, divisor[:, None], out=_scratch(v.numel()).view(v.shape))
+    if not bool(finite.all()):
+        codes.nan_to_num_(0.0, 0.0, 0.0)
+    codes = codes.round_().clamp_(-q, q).to(torch.int8).reshape(-1)[:n]
     if bits == 4:                                                # offset to 1..15, two per byte
         u = (codes + 8).to(torch.uint8)
         if n % 2:
             u = torch.cat([u, u.new_full((1,), 8)])
-        codes = u[0::2] | (u[1::2] << 4)
+        # Pairs (first, second) read as one little-endian 16-bit word first + 256·second: the byte
+        # first | second << 4 without strided passes.
+        w = u.view(torch.int16)
+        codes = ((w & 0xF) | ((w >> 4) & 0xF0)).to(torch.uint8)
     return Quantized(codes=codes, scales=scales, numel=n, bits=bits, block=block)
 
 
 def dequantize(qt: Quantized) -> torch.Tensor:
     """The fp32 values of `qt`, flat (numel,)."""
-    if qt.bits == 4:
-        u = torch.stack([qt.codes & 0xF, qt.codes >> 4], dim=1).reshape(-1)[:qt.numel]
-        codes = u.to(torch.int16) - 8
+    if qt.bits == 4:                 # each byte to the word first + 256·second, read as two bytes
+        c = qt.codes.to(torch.int16)
+        codes = ((c & 0xF) | ((c & 0xF0) << 4)).view(torch.uint8)[:qt.numel].view(torch.int8) - 8
     else:
         codes = qt.codes
-    scale = qt.scales.repeat_interleave(qt.block)[:qt.numel]
-    return codes.float() * scale
+    out = torch.empty(qt.numel, dtype=torch.float32, device=codes.device)
+    whole = qt.numel // qt.block * qt.block                      # (blocks, block) x (blocks, 1): no copy of the scales
+    torch.mul(codes[:whole].view(-1, qt.block), qt.scales[:whole // qt.block, None], out=out[:whole].view(-1, qt.block))
+    if whole < qt.numel:
+        out[whole:] = codes[whole:].float() * qt.scales[-1]
+    return out
+
+
+def pack(qt: Quantized) -> torch.Tensor:
+    """`qt` as one uint8 buffer (codes, then the scales' bytes): what travels in one message."""
+    return torch.cat([qt.codes.view(torch.uint8), qt.scales.view(torch.uint8)])
+
+
+def unpack(buf: torch.Tensor, numel: int, bits: int, block: int = DEFAULT_BLOCK) -> Quantized:
+    """The `Quantized` of `numel` values that `pack` wrote into the uint8 buffer `buf`."""
+    n_codes = -(-numel * bits // 8)
+    codes = buf[:n_codes]
+    # A piece of a gathered buffer may start at any byte: the scales (1/64 of int8's bytes) are
+    # copied out so that their fp32 view is aligned.
+    scales = buf[n_codes:n_codes + 4 * blocks(numel, block)].clone().view(torch.float32)
+    return Quantized(codes=codes.view(torch.int8) if bits == 8 else codes, scales=scales,
+                     numel=numel, bits=bits, block=block)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..comm import registry
+from ..plan.zeropp import ZeroPP
 from ..plan.sharding import DP, STRATEGIES, ZERO1, ZERO2, ZERO3, Strategy  # noqa: F401
 from ..plan.sharding import strategy as stage  # noqa: F401
 
@@ -23,15 +24,27 @@ class ShardingConfig:
     and all-gather then use their ring, unless the name is one of theirs)."""
     prefetch: bool = True
     """ZeRO-3: gather the next layer while the current one computes."""
+    zeropp: ZeroPP | None = None
+    """ZeRO-3 only: the ZeRO++ options (qwZ, hpZ, qgZ) and their node blocks (`plan.zeropp`)."""
+    offload_params: object | None = None
+    """ZeRO-3 only: a `parallel.offload.OffloadConfig` saying where the weight shards live between
+    uses (cpu or nvme: `parallel.zero3_offload`); None: on the device."""
 
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
         registry.check_name("all_reduce", self.algorithm)
+        if self.zeropp is not None and self.stage is not ZERO3:
+            raise ValueError(f"ZeRO++ ({', '.join(self.zeropp.on)}) runs on ZeRO-3, not {self.stage.name}")
+        if self.offload_params is not None and self.stage is not ZERO3:
+            raise ValueError(f"parameter offload runs on ZeRO-3, not {self.stage.name}")
+        if self.offload_params is not None and self.zeropp is not None:
+            raise ValueError("parameter offload and ZeRO++ do not run together in ringzero")
 
     def algorithm_for(self, collective: str) -> str:
         if self.algorithm in ("auto", "torch"):
             return self.algorithm
         if self.algorithm in registry.algorithms(collective):
             return self.algorithm
-        return "ring"
+        names = registry.algorithms(collective)
+        return "ring" if "ring" in names else names[0]

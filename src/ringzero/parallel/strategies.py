@@ -11,6 +11,7 @@ from .stages import ShardingConfig
 from .topology import Topology
 from .zero import ZeRO1, ZeRO2
 from .zero3 import ZeRO3
+from .zeropp import ZeROPlusPlus
 
 CLASSES: dict[str, type[FlatStrategy]] = {c.schedule.name: c for c in (DataParallel, ZeRO1, ZeRO2, ZeRO3)}
 
@@ -19,4 +20,8 @@ def apply_sharding(model: nn.Module, topology: Topology, config: ShardingConfig,
                    queue: CommQueue | None = None) -> FlatStrategy:
     """Lay out `model` for `config.stage` over `topology`'s dp group; its collectives run on `queue`
     (a new one, owned and closed by the strategy, when None)."""
-    return CLASSES[config.stage.name](model, topology, config, queue)
+    cls = ZeROPlusPlus if config.zeropp is not None else CLASSES[config.stage.name]
+    if config.offload_params is not None:
+        from .zero3_offload import ZeRO3ParamOffload
+        cls = ZeRO3ParamOffload
+    return cls(model, topology, config, queue)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..plan.placement import Placement
+from ..plan.zeropp import ZeroPP, group_members
 
 KINDS = (("tp",), ("dp",), ("pp",), ("dp", "tp"), ("dp", "tp", "pp"))
 
@@ -139,10 +140,21 @@ class Topology:
     def dp_tp_group(self):
         return self.groups.get(("dp", "tp"))
 
+    @property
+    def dp_node_group(self):
+        """ZeRO++: this rank's block of `dp_partition` consecutive dp ranks (one node's share)."""
+        return self.groups.get(("dp_node",))
+
+    @property
+    def dp_cross_group(self):
+        """ZeRO++: the dp ranks with this rank's index in every block (one per node)."""
+        return self.groups.get(("dp_cross",))
+
     @classmethod
-    def build(cls, placement: Placement, group=None) -> "Topology":
+    def build(cls, placement: Placement, group=None, dp_partition: int | None = None) -> "Topology":
         """The grid `placement` over the ranks of `group` (default: the whole job), with its process
-        groups; every rank of `group` must call it."""
+        groups; every rank of `group` must call it. With `dp_partition` H, also ZeRO++'s groups of the
+        dp group cut in blocks of H (`plan.zeropp`): "dp_node" and "dp_cross"."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         if placement.world != world:
             raise ValueError(f"dp x tp x pp = {placement.dp} x {placement.tp} x {placement.pp} = "
@@ -155,6 +167,12 @@ class Topology:
         if placement.pp > 1:                            # last, so every rank makes it in the same place
             members = _embedding_members(placement, rank)
             groups[("embedding",)] = _new_group(tuple(whole[r] for r in members), whole, group)
+        if dp_partition is not None:                    # after the grid's, in one order everywhere
+            zpp = ZeroPP(partition=dp_partition)
+            dp_members, dp_rank = placement.group(("dp",), rank), placement.coords(rank)["dp"]
+            for kind in ("dp_node", "dp_cross"):
+                members = group_members(zpp, kind, dp_members, dp_rank)
+                groups[(kind,)] = _new_group(tuple(whole[r] for r in members), whole, group)
         return cls(world=world, rank=rank, dp=placement.dp, tp=placement.tp, pp=placement.pp,
                    ranks_per_node=placement.ranks_per_node, groups=groups)
 

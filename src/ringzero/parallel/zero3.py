@@ -79,8 +79,12 @@ class ZeRO3(ZeRO2):
     # -- weights --------------------------------------------------------------------------------
     def _prefetch(self, g: FlatGroup | None) -> None:
         if g is not None and g.weights is Weights.SHARDED:
-            g.gathering = self.queue.submit(self._gather, g)
+            g.gathering = self.queue.submit(self._gather_for(g, _in_backward()), g)
             g.weights = Weights.GATHERING
+
+    def _gather_for(self, g: FlatGroup, backward: bool):
+        """The function that gathers `g` before its forward or its backward (ZeRO++ tells them apart)."""
+        return self._gather
 
     def _ensure(self, g: FlatGroup) -> None:
         if g.weights in (Weights.SHARDED, Weights.GATHERING):
@@ -118,7 +122,7 @@ class ZeRO3(ZeRO2):
 
             def pre(module, args, g=g):
                 self._ensure(g)
-                if prefetch:
+                if prefetch and not _in_backward():     # a recomputed forward needs no next layer
                     self._prefetch(nxt.get(g))
 
             def post(module, args, out, g=g):

@@ -14,6 +14,7 @@ from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
+from . import zero_options
 
 STRATEGIES = ("single", *sharding.STRATEGIES)
 """`plan.sharding`'s data-parallel strategies, and "single": DP on one rank."""
@@ -54,6 +55,7 @@ def choices() -> dict[str, tuple[str, ...]]:
     return {"strategy": STRATEGIES, "schedule": pipeline.SCHEDULES, "precision": PRECISIONS,
             "recompute": RECOMPUTES, "attention": ATTENTIONS,
             "comm_algorithm": registry.SPECIAL + registry.algorithms("all_reduce"),
+            "offload_optimizer": zero_options.OFFLOADS, "offload_params": zero_options.OFFLOADS,
             "model": tuple(name for name, shape in MODELS.items() if _trainable(shape))}
 
 
@@ -111,6 +113,29 @@ class TrainConfig:
     """Synthetic costs: a stage's forward and backward of one micro-batch last at least these
     seconds (padded by a sleep), so the schedule, not the shared cores, sets the timing."""
 
+    ranks_per_node: int | None = None
+    """Emulated nodes of this many consecutive ranks (None: one node): where ZeRO++'s blocks fall,
+    which bytes the meter calls cross-node, and which messages `emulate_inter_node` delays."""
+    emulate_inter_node: tuple[float, float] | None = None
+    """(GB/s, latency µs) of an emulated inter-node link: every cross-node message is delayed so
+    (`comm.link_emulator`); None: no delay."""
+    zeropp: tuple[str, ...] = ()
+    """ZeRO++ options on ZeRO-3, any of qwz, hpz, qgz (`plan.zeropp`)."""
+    hpz_partition: int | None = None
+    """dp ranks per ZeRO++ block (None: the dp ranks in one node; DeepSpeed's zero_hpz_partition_size)."""
+    qgz_bits: int = 4
+    """qgZ's gradient bits: 4 or 8."""
+    offload_optimizer: str = "none"
+    """Where the optimizer states and fp32 masters live: none, cpu (ZeRO-Offload) or nvme (ZeRO-Infinity)."""
+    offload_params: str = "none"
+    """ZeRO-3 only: where the weight shards live between uses: none, cpu or nvme."""
+    nvme_path: str | None = None
+    """Folder of the swap files for nvme offload."""
+    offload_buffers: int = 4
+    """Swap buffers streaming NVMe-offloaded states through the update."""
+    offload_pin_memory: bool = True
+    """Page-lock the host copies when a GPU is present (faster copies; no effect on a CPU)."""
+
     def __post_init__(self) -> None:
         allowed = choices()
         for name in ("strategy", "schedule", "precision", "recompute", "attention", "comm_algorithm"):
@@ -131,6 +156,7 @@ class TrainConfig:
         check_shape(self.shape)
         self._check_tensor_parallel()
         self._check_pipeline()
+        zero_options.check(self)
 
     def _check_pipeline(self) -> None:
         _check(self, "pp", lambda v: v >= 1, "must be >= 1", integer=True)
@@ -194,7 +220,10 @@ class TrainConfig:
             grid = f"dp x tp = {dp} x {self.tp}" if self.pp == 1 else f"dp x tp x pp = {dp} x {self.tp} x {self.pp}"
             raise FieldError("dp" if self.dp is not None else "tp",
                              f"{grid} = {dp * model_parallel} must equal the {world} ranks")
-        return Placement(dp=dp, tp=self.tp, pp=self.pp)
+        if self.ranks_per_node is not None and world % self.ranks_per_node:
+            raise FieldError("ranks_per_node", f"ranks_per_node={self.ranks_per_node} does not divide the "
+                                               f"{world} ranks; nodes hold equal numbers of ranks")
+        return Placement(dp=dp, tp=self.tp, pp=self.pp, ranks_per_node=self.ranks_per_node)
 
     @property
     def value_bytes(self) -> int:

@@ -44,7 +44,10 @@ DEEPSPEED_KEYS = ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps
                   "tensor_parallel")
 SOURCE = {"micro_batch": "train_micro_batch_size_per_gpu", "grad_accum": "gradient_accumulation_steps",
           "clip": "gradient_clipping", "log_every": "steps_per_print", "strategy": "zero_optimization.stage",
-          "tp": "tensor_parallel.autotp_size",
+          "tp": "tensor_parallel.autotp_size", "offload_optimizer": "zero_optimization.offload_optimizer.device",
+          "offload_params": "zero_optimization.offload_param.device", "nvme_path": "zero_optimization.*.nvme_path",
+          "offload_buffers": "zero_optimization.*.buffer_count", "offload_pin_memory": "offload_optimizer.pin_memory",
+          "zeropp": "zero_optimization.zero_quantized_*", "hpz_partition": "zero_optimization.zero_hpz_partition_size",
           "precision": "fp16/bf16.enabled", **{k: f"optimizer.params.{k}" for k in ("lr", "betas", "eps",
                                                                                        "weight_decay")}}
 """TrainConfig field -> the DeepSpeed key it is read from (named in a validation error)."""
@@ -88,12 +91,7 @@ def _settings(ds: dict) -> dict:
             kw[field] = _number(ds[key], kind, key)
     if "clip" in kw:
         kw["clip"] = kw["clip"] or None          # DeepSpeed: 0 turns clipping off
-    zero = _section(ds, "zero_optimization", {"stage"})
-    if "stage" in zero:
-        stage = _number(zero["stage"], int, "zero_optimization.stage")
-        if stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_optimization.stage={stage}; allowed: 0, 1, 2, 3")
-        kw["strategy"] = "dp" if stage == 0 else f"zero{stage}"
+    kw.update(_zero(_section(ds, "zero_optimization", ZERO_KEYS)))
     tp = _section(ds, "tensor_parallel", {"autotp_size"})
     if "autotp_size" in tp:
         kw["tp"] = _number(tp["autotp_size"], int, "tensor_parallel.autotp_size")
@@ -106,6 +104,51 @@ def _settings(ds: dict) -> dict:
     if "optimizer" in ds:
         kw.update(_optimizer(_section(ds, "optimizer", {"type", "params"})))
     return kw
+
+
+ZERO_KEYS = {"stage", "offload_optimizer", "offload_param", "zero_quantized_weights", "zero_hpz_partition_size",
+             "zero_quantized_gradients"}
+
+
+def _zero(zero: dict) -> dict:
+    """zero_optimization: the stage, ZeRO-Offload/Infinity's sections and ZeRO++'s three keys."""
+    kw: dict = {}
+    if "stage" in zero:
+        stage = _number(zero["stage"], int, "zero_optimization.stage")
+        if stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_optimization.stage={stage}; allowed: 0, 1, 2, 3")
+        kw["strategy"] = "dp" if stage == 0 else f"zero{stage}"
+    for key, field, extra in (("offload_optimizer", "offload_optimizer", {"pin_memory"}), ("offload_param", "offload_params", set())):
+        name = f"zero_optimization.{key}"
+        sec = _section(zero, key, {"device", "nvme_path", "buffer_count"} | extra, name)
+        if "device" in sec:
+            kw[field] = sec["device"] if isinstance(sec["device"], str) else repr(sec["device"])
+        if "nvme_path" in sec:
+            _same(kw, "nvme_path", sec["nvme_path"] if isinstance(sec["nvme_path"], str) else repr(sec["nvme_path"]), name)
+        if "buffer_count" in sec:
+            _same(kw, "offload_buffers", _number(sec["buffer_count"], int, f"{name}.buffer_count"), name)
+        if "pin_memory" in sec:
+            kw["offload_pin_memory"] = _flag(sec, "pin_memory", f"{name}.pin_memory")
+    zpp = [o for o, key in (("qwz", "zero_quantized_weights"), ("qgz", "zero_quantized_gradients"))
+           if _flag(zero, key, f"zero_optimization.{key}")]
+    if "zero_hpz_partition_size" in zero:
+        size = _number(zero["zero_hpz_partition_size"], int, "zero_optimization.zero_hpz_partition_size")
+        if size < 1:
+            raise ValueError(f"zero_optimization.zero_hpz_partition_size must be >= 1, got {size}")
+        if size > 1:                               # DeepSpeed: 1 (the default) is hpZ off
+            zpp.append("hpz")
+            kw["hpz_partition"] = size
+    if zpp:
+        kw["zeropp"] = tuple(zpp)
+    return kw
+
+
+def _same(kw: dict, field: str, value, name: str) -> None:
+    """Set kw[field], refusing a second, different value (ringzero has one swap folder and one pool)."""
+    if kw.get(field, value) != value:
+        raise ValueError(f"{name}: {field.replace('offload_buffers', 'buffer_count')} {value!r} differs from "
+                         f"the other offload section's {kw[field]!r}; ringzero uses one for both")
+    kw[field] = value
 
 
 def _optimizer(opt: dict) -> dict:

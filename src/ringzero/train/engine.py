@@ -22,7 +22,8 @@ import torch.distributed as dist
 
 from .. import comm
 from ..parallel.comm_queue import CommQueue
-from ..parallel.optimizer import AdamConfig, ShardedAdam
+from ..parallel.offload import offloaded_adam
+from ..parallel.optimizer import AdamConfig
 from ..parallel.pipeline import apply_pipeline
 from ..parallel.precision import LossScaler, NoScaler, dtype
 from ..parallel.recompute import apply_recompute
@@ -31,6 +32,7 @@ from ..parallel.strategies import apply_sharding
 from ..parallel.tensor_parallel import apply_tensor_parallel
 from ..parallel.tp_grads import TensorParallelGrads, unshard
 from ..parallel.topology import Topology
+from . import offload_probe, zero_options
 from .config import TrainConfig
 from .data import ByteData, load_bytes
 from .model import GPT, AttentionCore
@@ -77,6 +79,10 @@ class RankResult:
     """A pipeline stage's steady steps: per step its (kind, micro, local chunk, start, end)."""
     inflight: int = 0
     """A pipeline stage: the most chunk micro-batches it held at once (measured step)."""
+    offload: dict = field(default_factory=dict)
+    """Offloaded bytes at the measured step: {"optimizer", "params"} each {"device", "host", "disk"},
+    and "disk_io" {"optimizer", "params"} each {"read", "write"} of that step (the rates offloading
+    is predicted from are `probe["offload"]`, `offload_probe.measure`)."""
 
 
 class Trainer:
@@ -93,11 +99,14 @@ class Trainer:
         self.queue = CommQueue()
         self.strategy = apply_sharding(self.model, topology, ShardingConfig(
             stage=DP if cfg.strategy == "single" else stage(cfg.strategy), bucket_mb=cfg.bucket_mb,
-            algorithm=cfg.comm_algorithm), self.queue)
+            algorithm=cfg.comm_algorithm, zeropp=zero_options.zeropp(cfg, topology.world),
+            offload_params=zero_options.param_offload(cfg)), self.queue)
         self.tp_grads = TensorParallelGrads(self.strategy, topology, cfg.tp_algorithm)
-        self.opt = ShardedAdam(self.strategy.owned_weights(), AdamConfig(
+        self.opt = offloaded_adam(self.strategy.owned_weights(), AdamConfig(
             lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip),
-            self.tp_grads.sum_over_owners(), self.tp_grads.counted if topology.tp * topology.pp > 1 else None)
+            zero_options.optimizer_offload(cfg), self.tp_grads.sum_over_owners(),
+            self.tp_grads.counted if topology.tp * topology.pp > 1 else None, rank=dist.get_rank() if
+            dist.is_initialized() else 0)
         self.scaler = LossScaler() if cfg.precision == "fp16" else NoScaler()
         self.schedule = GradAccumulation() if self.stages is None else PipelineSchedule(
             self.stages, topology, cfg.schedule, cfg.virtual_stages, self._boundary_shape(),
@@ -126,12 +135,16 @@ class Trainer:
             res.activations = hooks.saved_bytes
         if step == self.measure_step:
             res.held = {**st.held_bytes(), "optimizer": self.opt.state_bytes()}
+            res.offload = {"optimizer": self.opt.placement_bytes(), "params": st.offload_bytes()}
         grads = st.reduced_grads()
         with hooks.phase("comm"):
             self.tp_grads.sync(grads)
         with hooks.phase("optimizer"):
+            st.before_step()
             out = self.opt.step(grads, divisor=self.topo.dp * c.grad_accum,
                                 loss_scale=self.scaler.scale, lr=c.lr_at(step))
+        if step == self.measure_step:
+            res.offload["disk_io"] = {"optimizer": self.opt.io_bytes(), "params": st.offload_io_bytes()}
         with hooks.phase("comm"):
             st.after_step()
         self.scaler.update(out["skipped"])
@@ -172,6 +185,7 @@ class Trainer:
         phases, totals = [], []
         points = set(probe_steps(c.steps)) if calibrate else set()
         prober, start = Prober(c, self.strategy, self.tp_grads.partial_elements) if points else None, time.perf_counter()
+        rates = offload_probe.measure(self.opt) if c.offload_optimizer != "none" else None
         for step in range(c.steps):
             if step in points:
                 res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
@@ -205,12 +219,15 @@ class Trainer:
         res.buckets = self.strategy.layout()
         res.sp_elements = self.tp_grads.partial_elements if self.cfg.sequence_parallel else None
         res.probe = median_rates(res.probes) if res.probes else {}
+        if rates is not None:
+            res.probe["offload"] = rates
         if keep_params:
             res.params = self.full_params()
         self.close()
         return res
 
     def close(self) -> None:
+        self.opt.close()
         self.strategy.close()
         self.queue.close()
 
@@ -227,12 +244,14 @@ def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group
     """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     placement = cfg.placement(world)                 # tp and dp against the ranks: one line if wrong
+    zpp = zero_options.zeropp(cfg, world)
     if world == 1:
         topo = Topology.alone()
-    elif placement.tp == 1 and placement.pp == 1:
-        topo = Topology.data_parallel(group)
+    elif placement.tp == 1 and placement.pp == 1 and zpp is None:
+        topo = Topology.data_parallel(group, placement.ranks_per_node)
     else:
-        topo = Topology.build(placement, group)
+        topo = Topology.build(placement, group, zpp.partition if zpp is not None else None)
     if cfg.strategy == "single" and topo.world != 1:
         raise ValueError(f"strategy 'single' runs on one rank, not {topo.world}")
-    return Trainer(cfg, topo).run(progress, keep_params, calibrate)
+    with comm.configure(**zero_options.comm_settings(cfg)):
+        return Trainer(cfg, topo).run(progress, keep_params, calibrate)

@@ -15,13 +15,14 @@ ranks under ZeRO) as one collective, so the exact bytes are Σ over buckets of
 
 from __future__ import annotations
 
-from ..plan import sharding, tensor_parallel
+from ..plan import sharding, tensor_parallel, zeropp
 from ..plan.comm_volume import call_for, formula, volume
 from ..plan.config import Parallel, Training
 from ..plan.memory import model_states, state_bytes
 from ..plan.shapes import ModelShape
 from ..plan.sharding import Strategy
 from . import predict_pipeline as pipe
+from . import zero_options
 from .config import TrainConfig
 
 
@@ -42,7 +43,7 @@ def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Par
                   precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
     par = Parallel(dp=pl.dp, tp=pl.tp, pp=pl.pp, sequence_parallel=cfg.sequence_parallel, zero=strategy(cfg).zero,
                    recompute=cfg.recompute, flash_attention=fused_attention(cfg), bucket_mb=cfg.bucket_mb,
-                   schedule=cfg.schedule, virtual_stages=cfg.virtual_stages)
+                   schedule=cfg.schedule, virtual_stages=cfg.virtual_stages, offload=cfg.offload_optimizer)
     return cfg.shape, tr, par
 
 
@@ -61,7 +62,9 @@ def states(cfg: TrainConfig, world: int, rank: int = 0) -> dict[str, float]:
     parameters its pipeline stage holds."""
     m, tr, par = plan_inputs(cfg, world)
     p, g, o, _ = model_states(local_params(cfg, world, rank), state_bytes(tr.precision, tr.optimizer),
-                              dp=par.dp, zero=par.zero)
+                              dp=par.dp, zero=par.zero, offload=cfg.offload_optimizer)
+    if cfg.offload_params != "none":          # ZeRO-3's shards live in the parameter store between steps
+        p = 0
     return {"params": p, "grads": g, "optimizer": o}
 
 
@@ -98,7 +101,9 @@ def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) 
     return out + [("all_reduce", 1, 4, 1)]
 
 
-GROUP_DIM = {"dp": "dp", "tp": "tp", "tp_step": "tp", "pp_step": "pp"}
+GROUP_DIM = {"dp": "dp", "tp": "tp", "tp_step": "tp", "pp_step": "pp", "dp_node": "dp", "dp_cross": "dp"}
+DP_GROUPS = ("dp", "dp_node", "dp_cross")
+"""The dp group and ZeRO++'s blocks of it: their collectives run the strategy's algorithms."""
 """The grid dimension of each group of `grouped_calls` ("embedding": the first and last stage)."""
 
 
@@ -109,18 +114,36 @@ def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
     gradient sum ("embedding") and the norm's sum over the stages ("pp_step")."""
     pl = cfg.placement(world)
     stage = pl.coords(rank)["pp"]
-    out = [("dp", pl.dp, calls(cfg, world, buckets)), ("tp", pl.tp, tp_calls(cfg, stage)),
+    out = zeropp_calls(cfg, world, buckets) if cfg.zeropp else [("dp", pl.dp, calls(cfg, world, buckets))]
+    out += [("tp", pl.tp, tp_calls(cfg, stage)),
            ("tp_step", pl.tp, tp_step_calls(cfg, world, sp_elements))]
     if pl.pp > 1:
         out += [("embedding", 2, pipe.embedding_calls(cfg, stage)), ("pp_step", pl.pp, [("all_reduce", 1, 4, 1)])]
     return out
 
 
+def zeropp_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, list]]:
+    """ZeRO++'s (group, its ranks, calls of one step) on the dp group and its node blocks (`plan.zeropp`)."""
+    zpp, dp = zero_options.zeropp(cfg, world), cfg.placement(world).dp
+    every = zeropp.calls(zpp, buckets, dp, cfg.value_bytes, cfg.grad_accum)
+    sizes = {"dp": dp, "dp_node": zpp.partition, "dp_cross": zpp.blocks(dp)}
+    return [(g, n, [c[1:] for c in every if c[0] == g]) for g, n in sizes.items()]
+
+
 def _index(cfg: TrainConfig, world: int, group: str, rank: int) -> int:
     at = cfg.placement(world).coords(rank)
     if group == "embedding":
         return 0 if at["pp"] == 0 else 1
+    if group in DP_GROUPS:
+        return zeropp.group_index(zero_options.zeropp(cfg, world) or zeropp.ZeroPP(), group, at["dp"])
     return at[GROUP_DIM[group]]
+
+
+def node_size(cfg: TrainConfig, n: int) -> int:
+    """Ranks per node in a group of `n` as the run's collectives see it: the run's `ranks_per_node`
+    (its ranks run under `comm.configure(ranks_per_node=...)`), else the comm config's."""
+    from ..comm.config import get_config
+    return max(1, min(cfg.ranks_per_node, n)) if cfg.ranks_per_node else get_config().node_size(n)
 
 
 def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> str:
@@ -128,11 +151,10 @@ def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int
     `ShardingConfig.algorithm_for` does (the tp groups': `TrainConfig.tp_algorithm`), or what "auto"
     picks ("torch" stays "torch")."""
     from ..comm import select
-    from ..comm.config import get_config
     from ..parallel.stages import ShardingConfig
-    algo = ShardingConfig(algorithm=cfg.comm_algorithm).algorithm_for(collective) if group == "dp" \
+    algo = ShardingConfig(algorithm=cfg.comm_algorithm).algorithm_for(collective) if group in DP_GROUPS \
         else cfg.tp_algorithm
-    return select.choose(collective, n, nbytes, get_config().node_size(n)) if algo == "auto" else algo
+    return select.choose(collective, n, nbytes, node_size(cfg, n)) if algo == "auto" else algo
 
 
 def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0,
@@ -141,11 +163,10 @@ def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank:
     "torch", the backend's own collective, as its ring twin `plan.comm_volume.BACKEND_TWIN`, which
     the traffic meter cannot see): every group's collectives (`grouped_calls`) and a pipeline
     stage's point-to-point messages."""
-    from ..comm.config import get_config
     p2p = pipe.p2p_traffic(cfg, cfg.placement(world).coords(rank)["pp"])
     sent, recv = p2p["bytes_sent"], p2p["bytes_recv"]
     for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank):
-        rpn, r = get_config().node_size(n), _index(cfg, world, group, rank)
+        rpn, r = node_size(cfg, n), _index(cfg, world, group, rank)
         for collective, count, size, times in group_calls:
             algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
             v = volume(call_for(collective, algo, n, count, size, ranks_per_node=rpn), r)
@@ -165,9 +186,8 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
 def call_seconds(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> float:
     """One call's seconds under the calibrated α-β-γ model."""
     from ..comm import select
-    from ..comm.config import get_config
     return select.seconds(collective, algorithm(cfg, group, collective, n, nbytes), n, nbytes,
-                          get_config().node_size(n))
+                          node_size(cfg, n))
 
 
 def optimizer_shard(cfg: TrainConfig, world: int, rank: int = 0) -> float:

@@ -111,6 +111,9 @@ def _collective(name: str, elements: int, dt: torch.dtype, n: int, group, algori
         return lambda: comm.reduce_scatter_tensor(part, full, op="sum", group=group, algorithm=algorithm)
     if name == "all_gather":
         return lambda: comm.all_gather_into_tensor(full, part, group=group, algorithm=algorithm)
+    if name == "all_to_all":
+        sends, recvs = list(full.view(n, -1)), list(torch.zeros(elements, dtype=dt).view(n, -1))
+        return lambda: comm.all_to_all(recvs, sends, group=group, algorithm=algorithm)
     raise ValueError(f"no probe for collective {name!r}")
 
 
@@ -154,14 +157,15 @@ class Prober:
 
     def _calls(self) -> dict[str, object]:
         st, topo = self.strategy, self.strategy.topology
-        groups = {"dp": st.group, "tp": topo.tp_group, "tp_step": topo.tp_group,
-                  "embedding": topo.embedding_group, "pp_step": topo.pp_group}
-        algorithms = {g: (lambda _: self.cfg.tp_algorithm) for g in groups} | {"dp": st.config.algorithm_for}
+        groups = {"dp": st.group, "tp": topo.tp_group, "tp_step": topo.tp_group, "embedding": topo.embedding_group,
+                  "pp_step": topo.pp_group, "dp_node": topo.dp_node_group, "dp_cross": topo.dp_cross_group}
+        algorithms = {g: (st.config.algorithm_for if g in predict.DP_GROUPS else lambda _: self.cfg.tp_algorithm)
+                      for g in groups}
         out = {}
         for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout(), self.sp_elements, topo.rank):
             for collective, elements, itemsize, _ in calls:
                 key = call_key(collective, elements, itemsize, group)
-                dt = torch.float32 if itemsize == 4 else self.dtype
+                dt = {4: torch.float32, 1: torch.uint8}.get(itemsize, self.dtype)   # 1: ZeRO++'s codes
                 if key not in out:
                     out[key] = _collective(collective, elements, dt, n, groups[group],
                                            algorithms[group](collective))

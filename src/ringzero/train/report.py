@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from ..plan import flops
 from ..plan.pipeline_layout import stage_flops_per_token
 from ..plan.shapes import param_count
-from . import predict
+from . import predict, report_zero
 from . import predict_pipeline as pipe
 from .config import TrainConfig
 from .engine import RankResult
@@ -118,6 +118,8 @@ def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     f = pipe.bubble(cfg) if cfg.pp > 1 else 0.0
     bubble = compute * f / (1 - f)
     optimizer = predict.optimizer_shard(cfg, world, rank) * rates["optimizer_s_per_param"]
+    if "offload" in rates:                  # the offloaded update's chunk loop or swap pipeline
+        optimizer = report_zero.offload_update_seconds(cfg, world, buckets, rates)
     return {"arithmetic": arithmetic, "in_compute": comm["in_compute"], "compute": compute, "bubble": bubble,
             "comm": comm["exposed"], "optimizer": optimizer, "step": compute + bubble + comm["exposed"] + optimizer}
 
@@ -168,6 +170,8 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
                       None if opaque else max(total_sent), "bytes"),
                  Twin("bytes received per step", max(s["bytes_recv"] for s in sent),
                       None if opaque else max(total_recv), "bytes")]
+    rows += report_zero.link_twins(cfg, world, results) + report_zero.zeropp_twins(cfg, world, results) \
+        + report_zero.offload_twins(cfg, world, results)
     if cfg.pp > 1:
         rows += pipeline_twins(cfg, world, results)
     rows += [
