@@ -25,6 +25,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_comm.py
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_offload.py --json out/bench_offload.json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

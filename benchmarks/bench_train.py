@@ -1,5 +1,6 @@
 """`make bench`: ringzero's dp, zero3, tensor and pipeline parallelism against torch's DDP, FSDP2,
-parallelize_module and torch.distributed.pipelining, and recomputation.
+parallelize_module and torch.distributed.pipelining, recomputation, and ZeRO++ against ZeRO-3
+over two emulated nodes.
 
 Runs `ringzero bench train` on 2 and then 4 local gloo ranks (recomputation, which runs on one rank,
 only with the first; tensor and pipeline parallelism over all the ranks, `--tp N --pp N`) against
@@ -19,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from ringzero.bench import train
+from ringzero.bench import train, zeropp
 from ringzero.bench.train_report import print_report
 from ringzero.bench.comm_report import make_console
 
@@ -48,6 +49,17 @@ def main(argv=None) -> int:
         result["command"] = "ringzero bench train " + " ".join(argv_n)
         print_report(result, console)
         runs[label] = result
+    for nproc in nprocs:                 # ZeRO++ against ZeRO-3, two emulated nodes, a slow and a fast link
+        for gbps in ("0.1", "1"):
+            argv_n = ["--nproc", str(nproc), "--strategy", "zero3", "--zeropp", "qwz,hpz,qgz", "--ranks-per-node",
+                      str(max(1, nproc // 2)), "--emulate-inter-node", gbps, *extra]
+            parser = argparse.ArgumentParser()
+            train.add_arguments(parser)
+            console.rule(f"ringzero bench train {' '.join(argv_n)}")
+            result = zeropp.benchmark(parser.parse_args(argv_n))
+            result["command"] = "ringzero bench train " + " ".join(argv_n)
+            zeropp.print_report(result)
+            runs[f"{nproc}-zeropp-{gbps}GBps"] = result
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     summary = {n: r["ratios"] for n, r in runs.items()}

@@ -83,3 +83,28 @@ def test_pipelines_against_torch_distributed_pipelining(tmp_path):
 def test_bad_tensor_parallel_arguments_exit_2(argv, message, capsys):
     assert cli.main(["bench", "train", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_zeropp_against_zero3_over_emulated_nodes(tmp_path, capsys):
+    out = tmp_path / "zeropp.json"
+    assert cli.main(["bench", "train", "--nproc", "2", "--model", "nano", "--seq", "16", "--micro-batch", "1",
+                     "--steps", "3", "--strategy", "zero3", "--zeropp", "qwz,qgz", "--ranks-per-node", "1",
+                     "--emulate-inter-node", "5", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for variant in ("zero3", "zeropp_run"):          # every cross-node byte has its twin
+        assert result[variant]["cross_node_bytes"] == result[variant]["predicted_cross_node_bytes"] > 0
+    assert result["ratios"]["cross_node_bytes"] <= 0.27
+    assert "cross-node bytes ZeRO++ / ZeRO-3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--zeropp", "qwz", "--strategy", "zero2"], "zero3"),
+    (["--zeropp", "qwz,nope"], "qwz, hpz, qgz"),
+    (["--ranks-per-node", "2"], "--zeropp"),
+    (["--zeropp", "hpz", "--nproc", "4", "--ranks-per-node", "3"], "ranks_per_node"),
+    (["--zeropp", "qgz", "--ranks-per-node", "1", "--emulate-inter-node", "-1"], "--emulate-inter-node"),
+])
+def test_bad_zeropp_arguments_exit_2(argv, message, capsys):
+    assert cli.main(["bench", "train", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -26,7 +26,7 @@ def predict_offload(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, b
     dp = cfg.placement(world).dp
     s = DP if cfg.strategy == "single" else stage(cfg.strategy)
     shards = [(-(-n // dp), root) for n, root in buckets]
-    updated = [n for n, _ in shards] if s.shard_optimizer else [n for n, _ in buckets]
+    updated = optimizer_shards(cfg, world, buckets)
     wb, count = cfg.value_bytes, cfg.offload_buffers
     opt, params = OffloadDevice(cfg.offload_optimizer), OffloadDevice(cfg.offload_params)
     offloaded = params is not OffloadDevice.NONE and s.shard_params
@@ -40,3 +40,11 @@ def predict_offload(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, b
                                              cfg.grad_accum),
         },
     }
+
+
+def optimizer_shards(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, bool]]) -> list[int]:
+    """Elements the optimizer updates per bucket: its shard, ⌈n / dp⌉, under ZeRO-1/2/3; the whole
+    bucket under DP."""
+    dp = cfg.placement(world).dp
+    s = DP if cfg.strategy == "single" else stage(cfg.strategy)
+    return [-(-n // dp) if s.shard_optimizer else n for n, _ in buckets]

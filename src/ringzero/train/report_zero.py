@@ -49,16 +49,11 @@ def zeropp_twins(cfg: TrainConfig, world: int, results: list) -> list:
                   max(r.held.get("secondary", 0) for r in results), "bytes")]
 
 
-def optimizer_shards(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[int]:
-    """Elements of each bucket's optimizer shard: ceil(numel / dp) under ZeRO (`flat.FlatBucket`)."""
-    dp = cfg.placement(world).dp
-    return [-(-n // dp) if predict.strategy(cfg).shard_optimizer else n for n, _ in buckets]
-
-
 def offload_update_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> float:
     """The offloaded optimizer's update at the run's probed rates (`offload_probe`)."""
     from ..plan.offload import DEFAULT_BUFFER_NUMEL
     from .offload_probe import predicted_update_seconds
+    from .predict_offload import optimizer_shards
     return predicted_update_seconds(cfg.offload_optimizer, optimizer_shards(cfg, world, buckets), cfg.value_bytes,
                                     cfg.offload_buffers, DEFAULT_BUFFER_NUMEL, rates["offload"],
                                     rates["optimizer_s_per_param"])

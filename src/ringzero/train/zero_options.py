@@ -132,7 +132,7 @@ def offload_needs(cfg, world: int) -> tuple[int, int]:
         if cfg.offload_optimizer != "none":
             p = plan.placement(plan.OffloadDevice(cfg.offload_optimizer), [shard], cfg.value_bytes,
                                cfg.offload_buffers, plan.DEFAULT_BUFFER_NUMEL)
-            host, disk = host + p.host, disk + p.disk + 12 * plan.ALIGN_BYTES
+            host, disk = host + p.host, disk + (p.disk + 12 * plan.ALIGN_BYTES if p.disk else 0)
         if cfg.offload_params != "none":
             p = plan.param_placement(plan.OffloadDevice(cfg.offload_params), [shard], cfg.value_bytes,
                                      cfg.offload_buffers)
