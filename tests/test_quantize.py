@@ -25,6 +25,8 @@ def test_round_trip_error_is_within_half_a_step_and_bytes_are_the_planners(n, bi
     bound = absmax / (2 * plan.levels(bits))
     assert bool(((y - x).abs() <= bound * (1 + 1e-6) + 1e-30).all())
     assert qt.nbytes == plan.quantized_bytes(n, bits, block)
+    if bits == 8:                       # no code beyond ±127, though nothing clamps them
+        assert int(qt.codes.abs().max()) <= plan.levels(8)
 
 
 def test_int8_bound_is_max_over_254():

@@ -69,16 +69,18 @@ def quantize(x: torch.Tensor, bits: int = 8, block: int = DEFAULT_BLOCK) -> Quan
     flat = x.detach().reshape(-1)
     n, q = flat.numel(), levels(bits)
     v = _blocks(flat, block)                                     # (blocks, block), x's dtype
-    absmax = v.abs().amax(dim=1).float()
+    absmax = torch.maximum(v.amax(dim=1), v.amin(dim=1).neg_()).float()   # no |v| tensor to allocate
     finite = torch.isfinite(absmax)
     scales = torch.where(finite, absmax / q, torch.full_like(absmax, float("nan")))
     # A zero block divides by 1 (its codes are 0). A non-finite block's codes are zeroed: its scale
-    # (NaN) alone decides what it dequantizes to. Passes over the values: divide, round, clamp, cast.
+    # (NaN) alone decides what it dequantizes to. Passes over the values: divide, round, cast. No
+    # clamp: |v| <= absmax, so |v / (absmax/q)| exceeds q by a rounding error at most, far below the
+    # half step that would round past q.
     divisor = torch.where(finite & (absmax > 0), scales, torch.ones_like(absmax))
     codes = torch.div(v, divisor[:, None], out=_scratch(v.numel()).view(v.shape))
     if not bool(finite.all()):
         codes.nan_to_num_(0.0, 0.0, 0.0)
-    codes = codes.round_().clamp_(-q, q).to(torch.int8).reshape(-1)[:n]
+    codes = codes.round_().to(torch.int8).reshape(-1)[:n]
     if bits == 4:                                                # offset to 1..15, two per byte
         u = (codes + 8).to(torch.uint8)
         if n % 2:
@@ -90,18 +92,26 @@ def quantize(x: torch.Tensor, bits: int = 8, block: int = DEFAULT_BLOCK) -> Quan
     return Quantized(codes=codes, scales=scales, numel=n, bits=bits, block=block)
 
 
-def dequantize(qt: Quantized) -> torch.Tensor:
-    """The fp32 values of `qt`, flat (numel,)."""
+def dequantize(qt: Quantized, out: torch.Tensor | None = None, add: bool = False) -> torch.Tensor:
+    """The values of `qt`, flat (numel,): a new fp32 tensor, or written into `out` (any floating
+    dtype, numel values), or with `add` added to it (one pass: a gradient sum needs no fp32 copy of
+    each piece)."""
     if qt.bits == 4:                 # each byte to the word first + 256·second, read as two bytes
         c = qt.codes.to(torch.int16)
         codes = ((c & 0xF) | ((c & 0xF0) << 4)).view(torch.uint8)[:qt.numel].view(torch.int8) - 8
     else:
         codes = qt.codes
-    out = torch.empty(qt.numel, dtype=torch.float32, device=codes.device)
-    whole = qt.numel // qt.block * qt.block                      # (blocks, block) x (blocks, 1): no copy of the scales
-    torch.mul(codes[:whole].view(-1, qt.block), qt.scales[:whole // qt.block, None], out=out[:whole].view(-1, qt.block))
+    if out is None:
+        out = torch.empty(qt.numel, dtype=torch.float32, device=codes.device)
+    b, whole = qt.block, qt.numel // qt.block * qt.block        # (blocks, block) x (blocks, 1): no copy of the scales
+    dst, c, sc = out[:whole].view(-1, b), codes[:whole].view(-1, b), qt.scales[:whole // b, None]
+    if add:
+        dst.addcmul_(c, sc)
+    else:
+        torch.mul(c, sc, out=dst)
     if whole < qt.numel:
-        out[whole:] = codes[whole:].float() * qt.scales[-1]
+        tail = codes[whole:].float() * qt.scales[-1]
+        out[whole:] = out[whole:] + tail if add else tail
     return out
 
 

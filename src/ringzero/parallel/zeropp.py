@@ -36,6 +36,7 @@ class ZeROPlusPlus(ZeRO3):
         super().__init__(*args, **kwargs)
         self.zpp: ZeroPP = self.config.zeropp
         self.nodes = self.zpp.blocks(self.topology.dp)
+        self._piece: torch.Tensor | None = None     # qgZ's reused buffer for hop 1's strided pieces
         h, local = self.zpp.partition, self.topology.dp_rank % self.zpp.partition
         for g in self.groups:           # hpZ's secondary shard of each layer bucket, (padded/H,)
             n = g.bucket.padded // h
@@ -66,7 +67,7 @@ class ZeROPlusPlus(ZeRO3):
         g.landing = full
         comm.all_gather_into_tensor(got, mine, group=self.group, algorithm=self._algorithm("all_gather"))
         for r, piece in enumerate(got.view(dp, -1)):
-            full[r * b.shard:(r + 1) * b.shard] = dequantize(unpack(piece, b.shard, WEIGHT_BITS, self.zpp.block))
+            dequantize(unpack(piece, b.shard, WEIGHT_BITS, self.zpp.block), out=full[r * b.shard:(r + 1) * b.shard])
         self._keep_secondary(g, full)
         return full
 
@@ -94,22 +95,34 @@ class ZeROPlusPlus(ZeRO3):
         """qgZ's two hops (see the module doc) of a (n,) gradient: this rank's summed (n/dp,) shard, fp32."""
         h, nodes = self.zpp.partition, self.nodes
         rows = grad.view(nodes, h, -1)                                       # (N, H, s)
-        partial = rows[:, self.topology.dp_rank % h].float().reshape(-1)     # (N·s,) own slice
-        if h > 1:
-            partial = self._hop([rows[:, k].reshape(-1) for k in range(h)], self.topology.dp_node_group)
+        s = rows.shape[-1]
+        if h > 1:                                                            # (N·s,) summed over the block
+            partial = self._hop([self._packed(rows[:, k]) for k in range(h)], nodes * s, self.topology.dp_node_group)
+        else:
+            partial = rows[:, 0].float().reshape(-1)
         if nodes > 1:
-            return self._hop(list(partial.view(nodes, -1)), self.topology.dp_cross_group)
+            return self._hop([self._packed(row) for row in partial.view(nodes, s)], s, self.topology.dp_cross_group)
         return partial
 
-    def _hop(self, pieces: list[torch.Tensor], group) -> torch.Tensor:
-        """All-to-all of `pieces` (one per group rank, equal sizes) quantized; the fp32 sum of what arrives."""
-        bits, block, numel = self.zpp.grad_bits, self.zpp.block, pieces[0].numel()
-        sends = [pack(quantize(p, bits, block)) for p in pieces]
-        recvs = [torch.empty_like(sends[0]) for _ in pieces]
+    def _packed(self, piece: torch.Tensor) -> torch.Tensor:
+        """`piece` quantized and packed. A strided piece (hop 1's (N, s) slice) is first copied into
+        one reused contiguous buffer: a fresh one would page-fault on every call, costing more than
+        the copy."""
+        if not piece.is_contiguous():
+            buf = self._piece
+            if buf is None or buf.dtype != piece.dtype or buf.numel() < piece.numel():
+                buf = self._piece = torch.empty(piece.numel(), dtype=piece.dtype)
+            piece = buf[:piece.numel()].view(piece.shape).copy_(piece)
+        return pack(quantize(piece, self.zpp.grad_bits, self.zpp.block))
+
+    def _hop(self, sends: list[torch.Tensor], numel: int, group) -> torch.Tensor:
+        """All-to-all of packed pieces `sends` (one per group rank, `numel` values each); the fp32
+        sum of the pieces that arrive."""
+        recvs = [torch.empty_like(sends[0]) for _ in sends]
         comm.all_to_all(recvs, sends, group=group, algorithm=self._algorithm("all_to_all"))
         total = torch.zeros(numel, dtype=torch.float32)
         for r in recvs:                    # summed in rank order: the same rounding on every rank
-            total.add_(dequantize(unpack(r, numel, bits, block)))
+            dequantize(unpack(r, numel, self.zpp.grad_bits, self.zpp.block), out=total, add=True)
         return total
 
     # -- accounting -----------------------------------------------------------------------------
