@@ -2,8 +2,9 @@
 
 The guards are against what DeepSpeed users report from qwZ/hpZ runs: a loss that starts higher than
 ZeRO-3's (the first step's loss within 0.5 %), and one that collapses to zero or NaN (every loss
-finite and near ZeRO-3's: within 2 % at the end). hpZ alone changes where the backward all-gather runs,
-not the weights it brings, so its losses equal ZeRO-3's bit for bit.
+finite and near ZeRO-3's: within 2 % at the end; `make run`'s model over 200 steps is in the README).
+hpZ alone changes where the backward all-gather runs, not the weights it brings, so its losses equal
+ZeRO-3's bit for bit.
 """
 
 from __future__ import annotations
@@ -46,17 +47,22 @@ def _run(pool, **kw):
 def test_loss_guards(pool):
     # lr 1e-3: at the engine's 3e-3 this short run spikes now and then (ZeRO-3 alone too), and a
     # spike in one run and not the other says nothing about quantization.
-    guard = dict(steps=20, lr=1e-3, eval_batches=4)
+    guard = dict(steps=12, lr=1e-3, eval_batches=4)
     _, plain = _run(pool, **guard)
     _, pp = _run(pool, **guard, zeropp=ALL)
-    _, hp = _run(pool, **guard, zeropp=("hpz",))
     base, got = plain[0].losses, pp[0].losses
     assert all(math.isfinite(x) and x > 1.0 for x in got), got
     assert abs(got[0] - base[0]) <= 0.005 * base[0], (got[0], base[0])
     for a, b in ((got[-1], base[-1]), (pp[0].val[-1][1], plain[0].val[-1][1])):
         assert abs(a - b) <= 0.02 * b, (a, b)
     assert got != base                              # quantization did run
-    assert hp[0].losses == base
+
+
+@pytest.mark.timeout(300)
+def test_hpz_alone_trains_as_zero3_bit_for_bit(pool):
+    _, plain = _run(pool, steps=2)
+    _, hp = _run(pool, steps=2, zeropp=("hpz",))
+    assert [r.losses for r in hp] == [r.losses for r in plain]
 
 
 @pytest.mark.timeout(300)
