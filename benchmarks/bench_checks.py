@@ -20,7 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from ringzero import comm
+from ringzero import comm, outputs
+from ringzero.errors import UsageError
 from ringzero.launch import spawn
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -65,6 +66,11 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--algorithm", default="ring", help="all_reduce algorithm (default ring)")
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
+    if args.json:                      # before the measurement, not after it
+        try:
+            outputs.check(args.json, "--json")
+        except UsageError as e:
+            p.error(str(e))
     rows = [row for world in args.worlds
             for row in measure(world, [4 * KiB, MiB], args.reps, args.warmup, args.inner, args.algorithm)]
     print(f"all_reduce/{args.algorithm}, median of {args.reps} interleaved repetitions of {args.inner} calls")
@@ -74,8 +80,7 @@ def main(argv=None) -> list[dict]:
         print(f"{r['world']:>5} {size:>8} {r['off_us']:>9.1f} {r['on_us']:>9.1f} {r['ratio']:>7.2f} "
               f"{r['handshake_us']:>13.1f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+        outputs.write_text(args.json, json.dumps(rows, indent=1) + "\n")
     return rows
 
 

@@ -30,6 +30,8 @@ import time
 
 import torch
 
+from ringzero import outputs
+from ringzero.errors import UsageError
 from ringzero.parallel.nvme_swap import probe_disk
 from ringzero.parallel.offload import OffloadConfig, check_offload, offloaded_adam
 from ringzero.parallel.optimizer import AdamConfig, adamw_
@@ -137,6 +139,11 @@ def main(argv=None) -> dict:
                    help="MiB each disk probe moves each way (default: as many as a step, in the same records)")
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args(argv)
+    if a.json:                      # before the measurement, not after it
+        try:
+            outputs.check(a.json, "--json")
+        except UsageError as e:
+            p.error(str(e))
     n = int(a.numel)
     with tempfile.TemporaryDirectory(prefix="bench-offload-", dir=a.path) as path:
         configs = {"none": OffloadConfig(), "cpu": OffloadConfig(device="cpu", buffer_numel=a.buffer_numel),
@@ -148,8 +155,7 @@ def main(argv=None) -> dict:
         probe = int(a.probe_mb * 2**20) if a.probe_mb else configs["nvme"].needs([n], 4).disk
         out = report(n, configs, run_rounds(n, configs, a.rounds, probe))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+        outputs.write_text(a.json, json.dumps(out, indent=1) + "\n")
     return out
 
 
