@@ -10,6 +10,7 @@ from ringzero.bench import comm as bench
 from ringzero.bench.comm_ranks import Cell, check, element_count
 from ringzero.comm import registry
 from ringzero.plan import links
+from ringzero.plan.algorithms import NODE_AWARE
 from ringzero.plan.comm_volume import call_for
 
 
@@ -86,7 +87,7 @@ def test_cli_all_reduce_json(capsys):
     code, out, _ = _main(argv, capsys)
     assert code == 0
     rows = json.loads(out)["rows"]
-    algs = [a for a in registry.algorithms("all_reduce") if a != "hierarchical"]
+    algs = [a for a in registry.algorithms("all_reduce") if a not in NODE_AWARE]
     assert sorted((r["algorithm"], r["size"]) for r in rows) == sorted(
         (a, s) for a in algs for s in (1024, 65536))
     for r in rows:

@@ -14,6 +14,7 @@ from ringzero.comm import symbolic
 from ringzero.comm.explain import explain, normalize
 from ringzero.comm.registry import TABLE
 from ringzero.comm.symbolic import JUNK, Sym, SymbolicError, combine, fmt
+from ringzero.plan.algorithms import NODE_AWARE, fits
 from ringzero.plan.comm_volume import call_for, volume
 
 PAIRS = [(c, a) for c, algs in TABLE.items() for a in algs]
@@ -140,7 +141,7 @@ def test_names_accept_dash_and_underscore():
 def _cases(collective, algorithm):
     for n in WORLDS:
         roots = sorted({0, n // 2, n - 1}) if collective in ROOTED else [0]
-        per_node = (None, 1, 2, 3) if algorithm == "hierarchical" else (None,)
+        per_node = [k for k in (None, 1, 2, 3) if fits(algorithm, n, k)] if algorithm in NODE_AWARE else [None]
         for root in roots:
             for rpn in per_node:
                 yield n, root, rpn

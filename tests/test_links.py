@@ -19,7 +19,7 @@ from ringzero import comm
 from ringzero.comm import link_emulator, point_to_point
 from ringzero.comm.config import CommConfig
 from ringzero.plan import links
-from ringzero.plan.algorithms import ALGORITHMS
+from ringzero.plan.algorithms import ALGORITHMS, NODE_AWARE, fits
 from ringzero.plan.comm_volume import ROOTED, call_for, volume
 
 from collective_cases import run_once
@@ -33,7 +33,7 @@ def _compare(g, members, rpn):
     n, r = dist.get_world_size(g), dist.get_rank(g)
     bad = []
     with comm.configure(ranks_per_node=rpn):
-        for coll, algo in CASES:
+        for coll, algo in [(c, a) for c, a in CASES if fits(a, n, comm.get_config().node_size(n))]:
             for root in (sorted({0, n - 1}) if coll in ROOTED else [0]):
                 for count in COUNTS:
                     with comm.TrafficMeter() as m:
@@ -187,7 +187,7 @@ def test_messages_add_up_to_the_volume_formulas():
             for count in (1, 7, 300_007):
                 whole = count if coll in ("all_reduce", "reduce", "broadcast", "all_to_all") else n * count
                 for root in (sorted({0, n - 1}) if coll in ROOTED else [0]):
-                    for k in ((2, 3) if algo == "hierarchical" else (None,)):
+                    for k in [k for k in ((2, 3) if algo in NODE_AWARE else (None,)) if fits(algo, n, k)]:
                         call = call_for(coll, algo, n, whole, 4, root=root, ranks_per_node=k)
                         for r in range(n):
                             ms, v = links.messages(call, r), volume(call, r)
@@ -207,10 +207,15 @@ def test_plan_cross_node_bytes_by_hand():
     hier = call_for("all_reduce", "hierarchical", 4, 4000, 1, ranks_per_node=2)
     assert [links.cross_node_bytes(hier, r, [0, 1, 2, 3], 2) for r in range(4)] == [
         (4000, 4000), (0, 0), (4000, 4000), (0, 0)]
+    # hierarchical_2d: ranks 0 and 2 (local index 0) sum piece 0 across, 1 and 3 piece 1; every rank
+    # sends and receives 2·1/2 of its 2000-byte piece over its own link
+    two_d = call_for("all_reduce", "hierarchical_2d", 4, 4000, 1, ranks_per_node=2)
+    assert [links.cross_node_bytes(two_d, r, [0, 1, 2, 3], 2) for r in range(4)] == [(2000, 2000)] * 4
     assert links.cross_node_bytes(ring, 0, [0, 1, 2, 3], None) == (0, 0)
     # the α-β time: 6 steps of 1000 B against 2 steps of 2000 B, plus one latency per message
     assert links.emulated_seconds(ring, range(4), 2, 1.0, 1.0) == pytest.approx(6 * (1e-6 + 1000 / 1e9))
     assert links.emulated_seconds(hier, range(4), 2, 1.0, 1.0) == pytest.approx(2 * (1e-6 + 2000 / 1e9))
+    assert links.emulated_seconds(two_d, range(4), 2, 1.0, 1.0) == pytest.approx(2 * (1e-6 + 1000 / 1e9))
     assert links.link_seconds(2_000_000, 3, 2.0, 10.0) == pytest.approx(3e-5 + 1e-3)
 
 
@@ -243,3 +248,20 @@ def test_config_accepts_links_and_resolves_nodes(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert CommConfig().world_node_size() == 4 and CommConfig().node_size(3) == 3
     assert CommConfig(ranks_per_node=2).world_node_size() == 2
+
+
+def _partial_node(g):
+    with comm.configure(ranks_per_node=2):
+        try:
+            comm.all_reduce(torch.ones(8), group=g, algorithm="hierarchical_2d")
+        except ValueError as e:
+            return str(e)
+    return "no error"
+
+
+def test_hierarchical_2d_refuses_a_partial_node_on_every_rank(pool):
+    """3 ranks, 2 per node: the 2D all-reduce cannot pair local indices; each rank raises the same
+    one-line error before sending anything (so none waits on a peer), and the pool serves on."""
+    errors = pool.run(_partial_node, world=3, timeout=60)
+    assert len(set(errors)) == 1 and "needs full nodes" in errors[0] and "\n" not in errors[0], errors
+    assert not fits("hierarchical_2d", 3, 2) and fits("hierarchical_2d", 4, 2) and fits("ring", 3, 2)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from ringzero import comm
 from ringzero.plan.comm_volume import Volume, call_for, volume
 from ringzero.comm.registry import TABLE
+from ringzero.plan.algorithms import NODE_AWARE, fits
 
 from collective_cases import run_once
 
@@ -46,12 +47,12 @@ def _check(group, coll, algo, rpn):
     return bad
 
 
-CASES = [(c, a, None) for c, algos in TABLE.items() for a in algos if a != "hierarchical"]
-CASES += [("all_reduce", "hierarchical", k) for k in (2, 3)]
+CASES = [(c, a, None) for c, algos in TABLE.items() for a in algos if a not in NODE_AWARE]
+CASES += [("all_reduce", "hierarchical", k) for k in (2, 3)] + [("all_reduce", "hierarchical_2d", 2)]
 
 
 @pytest.mark.parametrize("coll,algo,rpn", CASES, ids=[f"{c}-{a}-{k}" for c, a, k in CASES])
 def test_meter_equals_plan(pool, coll, algo, rpn):
-    for world in WORLDS:
+    for world in [w for w in WORLDS if fits(algo, w, rpn)]:
         bad = [b for rank_bad in pool.run(_check, coll, algo, rpn, world=world) for b in rank_bad]
         assert not bad, f"{len(bad)} mismatches, first: {bad[0]}"

@@ -28,7 +28,7 @@ def _train(group, configs):
 
 def test_offered_algorithms_are_the_registry_names():
     assert set(OFFERED) == {"auto", "torch", "naive", "ring", "tree", "butterfly", "rabenseifner",
-                            "hierarchical"}
+                            "hierarchical", "hierarchical_2d"}
     for name in OFFERED:
         TrainConfig(comm_algorithm=name)
     with pytest.raises(ValueError, match="comm_algorithm"):

@@ -84,7 +84,7 @@ class RankPool:
             raise
         return results[:world]
 
-    def _drain_or_restart(self, grace: float = 5.0) -> None:
+    def _drain_or_restart(self, grace: float = 2.0) -> None:
         """After a failure, wait briefly for the other ranks' replies; restart if any is stuck."""
         deadline, seen = time.monotonic() + grace, 1
         while seen < self.nproc and time.monotonic() < deadline:

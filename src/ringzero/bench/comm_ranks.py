@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..plan.algorithms import spans_nodes_ok
 from ..plan.chunks import chunk_sizes
 
 TARGET_S = 0.01
@@ -52,7 +53,8 @@ class Job:
     warmup: int
     ranks_per_node: int | None = None
     every_algorithm: bool = True
-    """The algorithm list is the default (all): skip `hierarchical` where it would span one node."""
+    """The algorithm list is the default (all): skip the node-aware algorithms where they would span
+    one node (or, for hierarchical_2d, part of one)."""
     target_s: float = TARGET_S
     """Aim for repetitions of about this many seconds (more calls per repetition when short)."""
     inter_node_gbps: float | None = None
@@ -226,15 +228,10 @@ def rank_main(job: Job) -> list[dict] | None:
         for w in job.worlds:
             if rank < w:
                 for collective, algorithms in job.cases:
-                    algs = tuple(a for a in algorithms if a != "hierarchical" or _multi_node(job, w)
-                                 or not job.every_algorithm)
+                    algs = tuple(a for a in algorithms if not job.every_algorithm
+                                 or spans_nodes_ok(a, w, job.ranks_per_node))
                     for nbytes in job.sizes:
                         count = element_count(collective, nbytes, itemsize, w)
                         rows += measure_cell(groups[w], collective, algs, count, job)
             dist.barrier()
     return rows if rank == 0 else None
-
-
-def _multi_node(job: Job, world: int) -> bool:
-    """Hierarchical is only itself when the group spans nodes (on one node it is a tree)."""
-    return job.ranks_per_node is not None and job.ranks_per_node < world

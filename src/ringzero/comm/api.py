@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..plan.algorithms import NODE_AWARE
 from ..plan.chunks import bounds_from_sizes, chunk_bounds
 from . import backend, check, registry, select
 from .config import get_config
@@ -57,7 +58,7 @@ def _prepare(collective, algorithm, group, describe):
         chosen = _choose(call, n)
     except (ValueError, TypeError) as exc:
         error = exc
-    node = cfg.node_size(n) if chosen == "hierarchical" else 0
+    node = cfg.node_size(n) if chosen in NODE_AWARE else 0
     check.verify(group, seq, call, chosen, node, collective, algorithm, error)
     return n, rank, call, chosen
 

@@ -16,7 +16,7 @@ reported:
 2. arguments a rank rejected (ValueError/TypeError): that rank still joins the handshake, and all
    ranks raise its error, so its peers do not wait for a collective it will never run.
 3. the collective; then dtype, element count, op, root, the sizes of a tensor list, the algorithm
-   asked for, the one that runs (auto's choice) and, for `hierarchical`, the ranks per node.
+   asked for, the one that runs (auto's choice) and, for the node-aware algorithms (`hierarchical`, `hierarchical_2d`), the ranks per node.
 4. all_to_all: the elements rank i sends rank j are what rank j expects from rank i (compared as
    digests, so the vector stays 13 integers whatever the group size).
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..plan.algorithms import NODE_AWARE
 from ..plan.comm_volume import ROOTED, Volume
 from .symbolic_values import fmt, letter
 
@@ -24,6 +25,7 @@ ITEMSIZE = 4  # float32, as the totals say; here, not in explain.py, which impor
 SOURCES = {
     "ring": "Patarasuk & Yuan 2009", "rabenseifner": "Rabenseifner 2004",
     "recursive_halving": "Thakur, Rabenseifner & Gropp 2005", "hierarchical": "Jia et al. 2018",
+    "hierarchical_2d": "Mikami et al. 2018",
     "scatter_allgather": "Barnett et al. 1994",
 }
 """Where an algorithm is described (docs/references.md); the rest: Thakur, Rabenseifner & Gropp 2005."""
@@ -81,7 +83,7 @@ def render(ex: Explanation, count: int, vols: list[Volume], console: Console | N
     ranks = f"{n} ranks {_rank(0)}-{_rank(n - 1)}" if n > 1 else "1 rank A"
     rooted = f", root {_rank(ex.root)} ({ex.root})" if ex.collective in ROOTED else ""
     nodes = (f", {ex.ranks_per_node} ranks per node"
-             if ex.algorithm == "hierarchical" and ex.ranks_per_node else "")
+             if ex.algorithm in NODE_AWARE and ex.ranks_per_node else "")
     console.rule(f"{ex.collective.replace('_', '-')} · {ex.algorithm} · {ranks}{rooted}{nodes}")
     source = SOURCES.get(ex.algorithm, "Thakur, Rabenseifner & Gropp 2005")
     console.print(ex.summary if source.split()[0] in ex.summary else f"{ex.summary} ({source})")

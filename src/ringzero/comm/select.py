@@ -9,8 +9,9 @@ algorithms (Thakur, Rabenseifner & Gropp 2005), with measured instead of hand-se
 it reproduces the usual rule of thumb: ring for few ranks and large tensors, Rabenseifner or trees
 when messages are small and α dominates.
 
-Every algorithm of the collective is a candidate, `hierarchical` only when the group spans more
-than one node (ranks_per_node < n). The choice is a pure function of its arguments and the
+Every algorithm of the collective is a candidate, the node-aware ones (`hierarchical`,
+`hierarchical_2d`) only when the group spans more than one node (ranks_per_node < n; whole nodes for
+hierarchical_2d). The choice is a pure function of its arguments and the
 calibration file, so every rank of a group picks the same algorithm as long as they read the same
 file (on a cluster: the same calibration on every node).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 
+from ..plan.algorithms import spans_nodes_ok
 from ..plan.chunks import chunk_sizes
 from ..plan.comm_volume import Call, formula
 from ..plan.network import DEFAULT, predict
@@ -37,8 +39,7 @@ def candidates(collective: str, n: int, ranks_per_node: int | None) -> tuple[str
     """The algorithms `choose` weighs for this call."""
     if collective not in registry.TABLE:
         registry.check_name(collective, "auto")  # raises, naming the valid collectives
-    k = ranks_per_node or n
-    return tuple(a for a in registry.algorithms(collective) if a != "hierarchical" or k < n)
+    return tuple(a for a in registry.algorithms(collective) if spans_nodes_ok(a, n, ranks_per_node))
 
 
 def calibration():

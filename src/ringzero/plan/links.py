@@ -20,6 +20,8 @@ supported algorithm is written here as its list of messages, step by step, mirro
 - hierarchical all_reduce (Jia et al. 2018): a binomial reduce and broadcast inside each block of
   `call.node_size` group ranks, and the ring among the blocks' first ranks. The blocks follow the
   group ranks, as the algorithm does; whether a message crosses nodes follows the global ranks.
+- hierarchical_2d all_reduce (Mikami et al. 2018): a ring reduce-scatter inside each block, the
+  ring all-reduce of piece i among the blocks' ranks i, a ring all-gather inside each block.
 
 Pure Python: no torch.
 """
@@ -33,6 +35,7 @@ from .algorithms import ALGORITHMS
 from .chunks import Chunks, n_segments
 from .comm_volume import ROOTED, Call
 from .schedules import peers
+from .volumes.hierarchical_2d import node_count
 from .volumes.tree import _top
 
 
@@ -125,9 +128,20 @@ def _hierarchical_messages(call: Call, rank: int) -> Iterator[Message]:
                          call.segment_elems, tag="leaders")
 
 
+def _hierarchical_2d_messages(call: Call, rank: int) -> Iterator[Message]:
+    k, m = node_count(call)
+    first, local = rank - rank % k, rank % k
+    node, pieces = range(first, first + k), Chunks(call.count, k)
+    yield from _ring(pieces, node, local, (-1,), call.itemsize, call.segment_elems, tag="node_rs")
+    if m > 1:
+        yield from _ring(Chunks(pieces[local], m), range(local, call.n, k), rank // k, (0, 1),
+                         call.itemsize, call.segment_elems, tag="cross")
+    yield from _ring(pieces, node, local, (0,), call.itemsize, call.segment_elems, tag="node_ag")
+
+
 _SCHEDULES: dict[str, Callable[[Call, int], Iterator[Message]]] = {
     "ring": _ring_messages, "naive": _naive_messages, "pairwise": _pairwise_messages,
-    "hierarchical": _hierarchical_messages}
+    "hierarchical": _hierarchical_messages, "hierarchical_2d": _hierarchical_2d_messages}
 """Algorithm -> its messages, for every collective of `plan.algorithms` that has the algorithm."""
 
 
@@ -198,7 +212,8 @@ def emulated_seconds(call: Call, ranks: Sequence[int], ranks_per_node: int | Non
     messages of one step share its one link (naive's root sends its n-1 messages in turn).
     Intra-node transfers, reductions and the real transport are not in it: they come on top in a
     measurement. With every ring chunk the same size this is 2(n-1)·(pieces·α + S/n·β) for a flat
-    ring all-reduce that crosses nodes, against 2(m-1)·(pieces·α + S/m·β) for hierarchical on m nodes.
+    ring all-reduce that crosses nodes, against 2(m-1)·(pieces·α + S/m·β) for hierarchical on m nodes
+    and 2(m-1)·(pieces·α + S/(k·m)·β) for hierarchical_2d, whose k ranks per node cross at once.
     """
     node = _node_of(call, ranks, ranks_per_node)
     busy: dict[tuple, dict[int, list[int]]] = {}

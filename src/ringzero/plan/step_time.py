@@ -6,9 +6,10 @@
 - Communication: Hockney's α-β model (Hockney 1994, T = α + β·S) on each call's busiest rank:
   rounds·α + max(bytes sent, received)/bandwidth, with the exact rounds and bytes of
   `plan.comm_volume`. A group inside one node uses NVLink (intra_bw, intra_alpha); a group spanning
-  nodes is as fast as its slowest link, the network, except the hierarchical all-reduce (Jia et
-  al. 2018), whose node-local reduce and broadcast run on NVLink and whose leaders' ring on the
-  network. `dp_algorithm="auto"` takes the all-reduce with the least time.
+  nodes is as fast as its slowest link, the network, except the hierarchical all-reduces: Jia et
+  al. 2018's node-local reduce and broadcast run on NVLink and its leaders' ring on the network;
+  Mikami et al. 2018's (hierarchical_2d) node-local reduce-scatter and all-gather on NVLink and its
+  per-local-index rings on the network, every GPU with its own NIC. `dp_algorithm="auto"` takes the all-reduce with the least time.
 - Overlap: gradient collectives launched from backward hooks (DDP buckets, ZeRO-1/2 reduce-scatter,
   ZeRO-3's backward all-gather and reduce-scatter) hide behind the backward of the last
   micro-batch; ZeRO-3's forward all-gather behind forward (prefetch). At least the last bucket
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from . import flops, pipeline
-from .algorithms import names
+from .algorithms import NODE_AWARE, fits, names
 from .comm_volume import Volume
 from .config import Parallel, Training
 from .hardware import Hardware
@@ -76,8 +77,8 @@ def _tier_seconds(v: Volume, alpha: float, bw: float) -> float:
 
 @lru_cache(maxsize=65536)
 def _call_seconds(op: CommOp, hw: Hardware) -> float:
-    if op.collective == "all_reduce" and op.algorithm == "hierarchical" and op.spans_nodes:
-        intra, inter = hierarchical_parts(op.group, op.count, op.itemsize, op.node_size)
+    if op.collective == "all_reduce" and op.algorithm in NODE_AWARE and op.spans_nodes:
+        intra, inter = hierarchical_parts(op.algorithm, op.group, op.count, op.itemsize, op.node_size)
         return (_tier_seconds(intra, hw.intra_alpha, hw.intra_bw)
                 + _tier_seconds(inter, hw.inter_alpha, hw.inter_bw))
     if op.spans_nodes:
@@ -91,7 +92,7 @@ def fastest_all_reduce(n: int, count: int, itemsize: int, node_size: int, hw: Ha
     def seconds(algorithm: str) -> float:
         return _call_seconds(CommOp("dp", "", "all_reduce", algorithm, n, count, itemsize, 1,
                                     node_size, "backward"), hw)
-    return min(ALL_REDUCE_CHOICES, key=seconds)
+    return min((a for a in ALL_REDUCE_CHOICES if fits(a, n, node_size)), key=seconds)
 
 
 def op_seconds(op: CommOp, hw: Hardware) -> float:

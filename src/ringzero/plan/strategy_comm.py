@@ -44,7 +44,7 @@ from .placement import Placement
 from .shapes import ModelShape, param_count
 from .sharding import by_zero
 from . import pipeline, tensor_parallel
-from .volumes import hierarchical
+from .volumes import hierarchical, hierarchical_2d
 
 KINDS = ("dp", "zero", "tp", "pp")
 
@@ -98,10 +98,12 @@ def op_volume(collective: str, algorithm: str, n: int, count: int, itemsize: int
 
 
 @lru_cache(maxsize=65536)
-def hierarchical_parts(n: int, count: int, itemsize: int, node_size: int) -> tuple[Volume, Volume]:
-    """(intra-node, inter-node) traffic of a hierarchical all-reduce's leader (rank 0)."""
-    call = call_for("all_reduce", "hierarchical", n, count, itemsize, ranks_per_node=node_size)
-    return hierarchical.parts(call, 0)
+def hierarchical_parts(algorithm: str, n: int, count: int, itemsize: int,
+                       node_size: int) -> tuple[Volume, Volume]:
+    """(intra-node, inter-node) traffic of rank 0 (a node leader; the largest piece of
+    hierarchical_2d) in a node-aware all-reduce."""
+    call = call_for("all_reduce", algorithm, n, count, itemsize, ranks_per_node=node_size)
+    return (hierarchical if algorithm == "hierarchical" else hierarchical_2d).parts(call, 0)
 
 
 def data_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int,
