@@ -5,7 +5,9 @@ host-memory optimizer (cpu, ZeRO-Offload) and by the NVMe one (nvme, ZeRO-Infini
 under `--path`). Every round also measures the rates the planner needs, each alone: the disk's
 read and write bandwidth in the swap loop's records and order, twice (`NvmeOffloadAdam.probe_disk`
 on the optimizer's own swap file, and `probe_disk` on a new file: on a virtual disk two files can
-move at rates 3x apart), the fused AdamW rate (one call over the shard, as `ShardedAdam` runs it)
+move at rates 3x apart), how much the I/O and the update slow each other down when run together
+(`train.offload_probe.interference`: the probe again with a chunk's update looping beside it), the
+fused AdamW rate (one call over the shard, as `ShardedAdam` runs it)
 and the host copies of the gradient down and the weights back (`transfer_bw`). The modes and the
 probes are interleaved round by round, so that a shared machine's drift hits all alike; each
 figure is the median over the rounds.
@@ -37,6 +39,7 @@ from ringzero.parallel.offload import OffloadConfig, check_offload, offloaded_ad
 from ringzero.parallel.optimizer import AdamConfig, adamw_
 from ringzero.plan import offload as plan
 from ringzero.plan.offload import DEFAULT_BUFFER_NUMEL, OffloadDevice, OffloadRates
+from ringzero.train.offload_probe import interference
 
 MODES = [d.value for d in OffloadDevice]
 ADAM = AdamConfig(lr=1e-3, weight_decay=0.1)
@@ -56,6 +59,7 @@ class Rates:
         """Disk (the optimizer's own swap file, and a new file), fused AdamW, host copies."""
         n, o = self.n, self.offload
         own = swapper.probe_disk(self.probe_bytes)
+        shared = interference(swapper, own, self.probe_bytes)
         new = probe_disk(self.path, self.probe_bytes, o.buffer_numel, o.buffer_count, o.direct_io)
         t0 = time.perf_counter()
         adamw_(self.w, self.g, self.m, self.v, torch.tensor(1.0), self.kw, None, None)
@@ -69,7 +73,7 @@ class Rates:
         copy_s = time.perf_counter() - t0
         return {"read_bw": own["read_gbps"] * 1e9, "write_bw": own["write_gbps"] * 1e9,
                 "new_read_bw": new["read_gbps"] * 1e9, "new_write_bw": new["write_gbps"] * 1e9,
-                "adam_per_s": n / adam_s, "transfer_bw": 2 * 4 * n / copy_s}
+                "adam_per_s": n / adam_s, "transfer_bw": 2 * 4 * n / copy_s, **shared}
 
 
 def run_rounds(n: int, configs: dict[str, OffloadConfig], rounds: int, probe_bytes: int) -> dict:
@@ -102,20 +106,23 @@ def report(n: int, configs: dict[str, OffloadConfig], run: dict) -> dict:
     med = {m: statistics.median(t) for m, t in run["times"].items()}
     rate = {k: statistics.median(r[k] for r in run["rates"]) for k in run["rates"][0]}
     host = dict(adam_per_s=rate["adam_per_s"], transfer_bw=rate["transfer_bw"])
-    disks = {"own file": OffloadRates(read_bw=rate["read_bw"], write_bw=rate["write_bw"], **host),
+    shared = dict(io_slowdown=rate["io_slowdown"], update_slowdown=rate["update_slowdown"])
+    disks = {"own file, shared cores": OffloadRates(read_bw=rate["read_bw"], write_bw=rate["write_bw"], **host, **shared),
+             "own file": OffloadRates(read_bw=rate["read_bw"], write_bw=rate["write_bw"], **host),
              "new file": OffloadRates(read_bw=rate["new_read_bw"], write_bw=rate["new_write_bw"], **host)}
     nvme, io, placed = configs["nvme"], run["io"], run["placement"]["nvme"]
     print(f"shard {n:,} fp32 elements; chunks of {plan.chunk_numel([n], nvme.buffer_numel):,}, {nvme.buffer_count} "
           f"buffers, direct I/O {'on' if nvme.direct_io else 'off'}; medians of {len(run['rates'])} rounds")
     print(f"rates: disk read / write {rate['read_bw'] / 1e9:.2f} / {rate['write_bw'] / 1e9:.2f} GB/s (own swap file), "
           f"{rate['new_read_bw'] / 1e9:.2f} / {rate['new_write_bw'] / 1e9:.2f} GB/s (new file); fused AdamW "
-          f"{rate['adam_per_s'] / 1e6:.0f} M elements/s; host copies {rate['transfer_bw'] / 1e9:.2f} GB/s")
+          f"{rate['adam_per_s'] / 1e6:.0f} M elements/s; host copies {rate['transfer_bw'] / 1e9:.2f} GB/s; "
+          f"beside each other the I/O takes {rate['io_slowdown']:.2f}x, the update {rate['update_slowdown']:.2f}x")
     print(f"nvme: host {placed['host'] / 2**20:.0f} MiB, disk {placed['disk'] / 2**20:.0f} MiB; "
           f"read {io['read'] / 2**20:.0f} + write {io['write'] / 2**20:.0f} MiB per step (= plan.offload)")
     print(f"{'mode':6} {'step s':>7} {'overhead s':>11} {'predicted s':>12} {'error':>7}  disk rates from")
     print(f"{'none':6} {med['none']:7.3f}")
     rows = []
-    for m, disk in (("cpu", "own file"), ("nvme", "own file"), ("nvme", "new file")):
+    for m, disk in (("cpu", "own file"), ("nvme", "own file, shared cores"), ("nvme", "own file"), ("nvme", "new file")):
         def seconds(mode: str) -> float:
             c = configs[mode]
             return plan.update_seconds(c.device, [n], 4, c.buffer_count, c.buffer_numel, disks[disk])

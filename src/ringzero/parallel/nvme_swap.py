@@ -14,7 +14,7 @@ and not to the page cache (ZeRO-Infinity's libaio path does the same); every off
 address is then a multiple of 4 KiB, which the layout guarantees.
 
 All reads and writes run on one I/O thread, in the order they are queued (the FIFO the planner's
-`plan.offload.swap_seconds` models). The system calls release the GIL, so the host's update runs
+`plan.swap_pipeline.swap_seconds` models). The system calls release the GIL, so the host's update runs
 meanwhile. The file is created with O_EXCL under a name holding the rank and the process id, its
 space reserved at once (a full drive fails here, not mid-step), and removed at `close` (or when the
 object is collected, or the process exits). `SwapIO`, the file and its thread, also holds
@@ -152,11 +152,15 @@ class SwapFile:
         """Queue the write of slot `slot` to chunk `k`'s record; the future gives the bytes written."""
         return self.io.write(self._views(k, slot), k.offset)
 
-    def measure(self, chunks: list[Chunk]) -> dict[str, float]:
+    def measure(self, chunks: list[Chunk], load=None) -> dict[str, float]:
         """{"write_gbps", "read_gbps"} (10⁹ bytes/s) of moving the records of `chunks` in the swap
         loop's order (reads of the first B, then each write followed by the read into the slot it
         frees), each system call timed on the I/O thread. Each write puts back the record its slot
-        holds, so the file keeps its contents: this can measure a live optimizer's own file."""
+        holds, so the file keeps its contents: this can measure a live optimizer's own file.
+
+        With `load` (a callable), this thread calls it over and over while the I/O runs, as the
+        host's update runs beside the swap, and "load_s" (seconds per call meanwhile) joins the
+        result: both sides of the interference of cores shared by I/O and update."""
         b = len(self.slots)
         ops = [(os.preadv, k, i) for i, k in enumerate(chunks[:b])]
         for i, k in enumerate(chunks):
@@ -164,9 +168,15 @@ class SwapFile:
             if i + b < len(chunks):
                 ops.append((os.preadv, chunks[i + b], i % b))
         timed = self.io.pool.submit(_timed, self.io.fd, [(op, self._views(k, slot), k.offset) for op, k, slot in ops])
+        calls, t0 = 0, time.perf_counter()
+        while load is not None and (not timed.done() or calls == 0):
+            load()
+            calls += 1
+        busy = time.perf_counter() - t0
         moved, seconds = timed.result()
-        return {"write_gbps": moved[os.pwritev] / seconds[os.pwritev] / 1e9,
-                "read_gbps": moved[os.preadv] / seconds[os.preadv] / 1e9}
+        out = {"write_gbps": moved[os.pwritev] / seconds[os.pwritev] / 1e9,
+               "read_gbps": moved[os.preadv] / seconds[os.preadv] / 1e9}
+        return out if load is None else {**out, "load_s": busy / calls}
 
     def host_bytes(self) -> int:
         return self.raw.numel()

@@ -256,12 +256,13 @@ class NvmeOffloadAdam(CpuOffloadAdam):
                 dst[k.bucket][k.lo:k.lo + k.numel].copy_(src[:k.numel])
         return out
 
-    def probe_disk(self, nbytes: int | None = None) -> dict[str, float]:
+    def probe_disk(self, nbytes: int | None = None, load=None) -> dict[str, float]:
         """{"write_gbps", "read_gbps"} of this optimizer's own swap file (`SwapFile.measure`: its
         records, at most `nbytes` of them, read and written back unchanged; between steps). The
-        file the steps use: a new file's extents may sit elsewhere and move at other rates."""
+        file the steps use: a new file's extents may sit elsewhere and move at other rates. With
+        `load`, measured while this thread runs it (and "load_s" is its time per call)."""
         ks = self.chunks if nbytes is None else [k for k in self.chunks if k.offset < nbytes]
-        return self.swap.measure(ks)
+        return self.swap.measure(ks, load)
 
     def placement_bytes(self) -> dict[str, int]:
         """{"device", "host", "disk"}: the swap buffers' allocation, and the swap file's size."""

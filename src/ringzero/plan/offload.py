@@ -34,17 +34,19 @@ With cpu the step is Σ compute_i. With nvme one I/O thread runs a FIFO queue: r
 buffer just written (one queue: a drive is one shared resource; measured on a virtio disk, a read
 and a write in flight together move about as many bytes per second as either alone). Chunk i's
 compute starts when compute i-1 ends and read i has; the step ends with the last write. That
-recurrence (`swap_seconds`) is the three-stage pipeline read i+1 ∥ update i ∥ write i-1 with its
-fill (the first read) and drain (the last write); in steady state a chunk costs
-max(compute_i, read_i + write_i).
+recurrence (`plan.swap_pipeline.swap_seconds`) is the three-stage pipeline read i+1 ∥ update i ∥
+write i-1 with its fill (the first read) and drain (the last write); in steady state a chunk costs
+max(compute_i, read_i + write_i) when the I/O and the update do not compete for cores, and each runs
+`io_slowdown` / `update_slowdown` times longer while the other runs when they do.
 
 The rates are measured apart: the disk's by `parallel.nvme_swap.probe_disk` (a new file, moved in
 the swap loop's order and records) or `NvmeOffloadAdam.probe_disk` (the optimizer's own file: on a
 virtual disk two files can move at rates 3x apart, so only the file the steps use predicts them);
-adam_rate by one fused call over a shard; transfer_bw by the two copies. Not modelled: cores shared
-by the update and the I/O (on a 2-core VM the same I/O ran 1.25-1.5x slower while the update used
-both cores, so the model predicts an I/O-bound step 10-25 % short there), and a page cache (without
-direct I/O the "disk" is a memcpy that competes with the update for the cores).
+adam_rate by one fused call over a shard; transfer_bw by the two copies; the two slowdowns by running
+the disk probe and the update together (on a 2-core VM the I/O ran about 1.8x slower while the
+update used both cores; without them the model predicted an I/O-bound step 10-25 % short there).
+Not modelled: a page cache (without direct I/O the "disk" is a memcpy that competes with the update
+for the cores).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from typing import Sequence
 
 from .hardware import Hardware
 from .step_time import CPU_ADAM_PARAMS_PER_S
+from .swap_pipeline import swap_seconds
 
 ALIGN_NUMEL = 1024
 """Chunk boundaries, buffer sizes and file records are multiples of this many fp32 elements."""
@@ -162,9 +165,14 @@ class OffloadRates:
     """Bytes/s read from the swap file."""
     write_bw: float = math.inf
     """Bytes/s written to the swap file."""
+    io_slowdown: float = 1.0
+    """How many times longer a swap file transfer takes while the host update runs (cores shared
+    by the I/O thread and the update; 1: none shared, the planner's assumption)."""
+    update_slowdown: float = 1.0
+    """How many times longer the host update takes while the swap file I/O runs."""
 
     def __post_init__(self) -> None:
-        for k in ("adam_per_s", "transfer_bw", "read_bw", "write_bw"):
+        for k in ("adam_per_s", "transfer_bw", "read_bw", "write_bw", "io_slowdown", "update_slowdown"):
             if not getattr(self, k) > 0:
                 raise ValueError(f"offload rate {k} must be > 0, got {getattr(self, k)}")
 
@@ -173,25 +181,6 @@ class OffloadRates:
         """The coarse planner's assumptions: `CPU_ADAM_PARAMS_PER_S`, PCIe and NVMe bandwidths."""
         return cls(adam_per_s=CPU_ADAM_PARAMS_PER_S, transfer_bw=hw.pcie_bw, read_bw=hw.nvme_bw,
                    write_bw=hw.nvme_bw)
-
-
-def swap_seconds(read_s: Sequence[float], compute_s: Sequence[float], write_s: Sequence[float],
-                 buffer_count: int) -> float:
-    """Seconds of the swap loop (the module doc's recurrence): chunk i reads for `read_s[i]`,
-    updates for `compute_s[i]`, writes for `write_s[i]`; one FIFO I/O queue, `buffer_count` buffers."""
-    n = len(compute_s)
-    io, done = 0.0, 0.0             # when the I/O thread and the host are next free
-    read_end = [0.0] * n
-    for j in range(min(buffer_count, n)):
-        io += read_s[j]
-        read_end[j] = io
-    for i in range(n):
-        done = max(done, read_end[i]) + compute_s[i]
-        io = max(io, done) + write_s[i]
-        if i + buffer_count < n:    # the next read into the buffer just written, queued behind it
-            io += read_s[i + buffer_count]
-            read_end[i + buffer_count] = io
-    return max(io, done)
 
 
 def update_seconds(device: OffloadDevice, shards: Sequence[int], weight_bytes: int, buffer_count: int,
@@ -205,7 +194,8 @@ def update_seconds(device: OffloadDevice, shards: Sequence[int], weight_bytes: i
     if device is OffloadDevice.CPU:
         return sum(compute)
     return swap_seconds([k.record_bytes / rates.read_bw for k in ks], compute,
-                        [k.record_bytes / rates.write_bw for k in ks], buffer_count)
+                        [k.record_bytes / rates.write_bw for k in ks], buffer_count, rates.io_slowdown,
+                        rates.update_slowdown)
 
 
 # -- ZeRO-3 weight shards off the device (`parallel.offload_params.ParamStore`) ------------------
