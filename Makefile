@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(VENV)/bin/ringzero plan --model llama-2-7b --gpus 8 --gpu a100-80gb --zero 3 --recompute selective --flash-attention
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_comm.py

@@ -46,7 +46,7 @@ def test_an_unknown_command_lists_every_command(capsys):
 def test_train_help_lists_the_choices_of_every_enumerated_flag(capsys):
     assert cli.main(["train", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    for choices in ("{single,dp,zero1,zero2,zero3}", "{fp32,bf16,fp16}", "{none,selective,full}",
+    for choices in ("{single,dp,zero1,zero2,zero3,ps}", "{fp32,bf16,fp16}", "{none,selective,full}",
                     "{eager,sdpa}", "{auto,torch,naive,ring,tree,butterfly,rabenseifner,hierarchical,hierarchical_2d}"):
         assert choices in out, choices
     assert "nano" in out and "micro" in out

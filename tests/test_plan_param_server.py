@@ -115,10 +115,10 @@ def test_config_bounds():
 def test_max_staleness():
     assert ps.max_staleness("sync", 0, 8) == 0
     assert ps.max_staleness("async", 0, 8) is None
-    assert ps.max_staleness("ssp", 2, 4) == 5 * 3
-    assert ps.max_staleness("ssp", 0, 4) == 3            # same gate as sync, pushes applied one by one
+    assert ps.max_staleness("ssp", 2, 4) == 2
+    assert ps.max_staleness("ssp", 0, 4) == 0            # S = 0 is sync's gate
     assert ps.max_staleness("ssp", 7, 1) == 0            # one worker reads its own writes
-    assert PSConfig(3, 1, "ssp", 1).max_staleness() == 6
+    assert PSConfig(3, 1, "ssp", 1).max_staleness() == 1
 
 
 @pytest.mark.parametrize("call, field", [
@@ -153,8 +153,9 @@ def test_mode_error_lists_what_is_allowed():
 
 
 def _worst_ssp_staleness(workers: int, s: int, steps: int) -> int:
-    """Largest staleness over every interleaving of SSP pulls and pushes (the gate and version count
-    of `max_staleness`'s docstring), each worker running `steps` steps."""
+    """Largest staleness over every interleaving of SSP pulls and pushes (the gate and the clocks of
+    `max_staleness`'s docstring: the server's clock is the slowest worker's), each worker running
+    `steps` steps."""
     worst, seen = 0, set()
     stack = [((0,) * workers, (None,) * workers)]       # clocks, version each worker pulled (None: idle)
     while stack:
@@ -164,9 +165,9 @@ def _worst_ssp_staleness(workers: int, s: int, steps: int) -> int:
         seen.add((clocks, reads))
         for i, read in enumerate(reads):
             if read is None and clocks[i] < steps and min(clocks) >= clocks[i] - s:
-                stack.append((clocks, reads[:i] + (sum(clocks),) + reads[i + 1:]))
+                stack.append((clocks, reads[:i] + (min(clocks),) + reads[i + 1:]))
             elif read is not None:
-                worst = max(worst, sum(clocks) - read)
+                worst = max(worst, clocks[i] - read)         # its step minus the clock it read
                 pushed = clocks[:i] + (clocks[i] + 1,) + clocks[i + 1:]
                 stack.append((pushed, reads[:i] + (None,) + reads[i + 1:]))
     return worst

@@ -38,9 +38,9 @@ KEY = "send_recv/p2p"
 
 
 def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[int, torch.Tensor]] = (),
-         group=None, tag: int = 0) -> tuple[list, list]:
+         group=None, tag: int = 0, key: str = KEY) -> tuple[list, list]:
     """Post `sends` and `recvs` [(group peer, contiguous tensor)] at once; returns (send handles,
-    receive handles), each with `wait()`."""
+    receive handles), each with `wait()`. `key`: the meter's entry the bytes count under."""
     for _, t in (*sends, *recvs):
         if not t.is_contiguous():
             raise ValueError("point-to-point tensors must be contiguous")
@@ -48,7 +48,7 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
     for peer, _ in (*sends, *recvs):
         if not 0 <= peer < n or peer == me:
             raise ValueError(f"rank {me} addressed peer {peer} in a group of {n}")
-    meters = active_entries(KEY)
+    meters = active_entries(key)
     cfg = get_config()
     link = link_emulator.link_for(cfg)
     cross = _cross(group, me, n, cfg.world_node_size()) if meters or link is not None else None
@@ -93,3 +93,22 @@ def _cross(group, me: int, n: int, ranks_per_node: int | None):
         return None
     ranks = dist.get_process_group_ranks(group) if group is not None else range(n)
     return cross_flags(ranks, me, ranks_per_node)
+
+
+def recv_any(t: torch.Tensor, group=None, tag: int = 0, key: str = KEY) -> int:
+    """Receive `t` from whichever rank of `group` sends to this one first with `tag`, and return that
+    rank (a group rank). It blocks without spinning (gloo's any-source receive), so a parameter
+    server serves its workers in the order their pushes arrive. NCCL has no any-source receive."""
+    if not t.is_contiguous():
+        raise ValueError("point-to-point tensors must be contiguous")
+    if dist.get_backend(group) == "nccl":
+        raise ValueError("a receive from any rank needs gloo: NCCL has none")
+    pg = group if group is not None else dist.group.WORLD
+    work = pg.recv_anysource([t], tag)
+    work.wait()
+    src = work._source_rank()
+    meters = active_entries(key)
+    if meters:
+        me, n = dist.get_rank(group), dist.get_world_size(group)
+        _count(meters, (), [(src, t)], _cross(group, me, n, get_config().world_node_size()))
+    return src

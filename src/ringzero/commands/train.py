@@ -34,7 +34,8 @@ FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recom
          "micro_batch", "grad_accum", "lr", "warmup", "weight_decay", "clip", "bucket_mb",
          "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
          "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits",
-         "offload_optimizer", "offload_params", "nvme_path", "offload_buffers")
+         "offload_optimizer", "offload_params", "nvme_path", "offload_buffers", "servers", "ps_mode",
+         "staleness")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,6 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate-inter-node", metavar="GBPS[,LATENCY_US]", default=None,
                    help="delay every cross-node message as a link of this bandwidth (GB/s) and latency "
                         "would (needs --ranks-per-node)")
+    p.add_argument("--straggler", metavar="RANK:FACTOR", default=None,
+                   help="slow this worker's compute by FACTOR >= 1 (a sleep of the difference: no CPU)")
     p.add_argument("--layout", choices=("auto",), default=None,
                    help="auto: run the dp x tp x pp layout (and ZeRO stage, schedule) ringzero.plan "
                         "recommends for this model on these ranks")
@@ -103,6 +106,16 @@ def inter_node_link(text: str) -> tuple[float, float]:
     return parts[0], parts[1] if len(parts) == 2 else 0.0
 
 
+def straggler(text: str) -> tuple[int, float]:
+    """--straggler RANK:FACTOR, e.g. 1:2 (rank 1 computes twice as long)."""
+    try:
+        rank, factor = text.split(":")
+        return int(rank), float(factor)
+    except ValueError:
+        raise ValueError(f"--straggler {text!r}: give RANK:FACTOR, a worker rank and a factor >= 1, "
+                         "e.g. 1:2") from None
+
+
 def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
     given = {k: getattr(args, k) for k in FLAGS + ("sequence_parallel",) if getattr(args, k, None) is not None}
     cost = _pipeline_cost(getattr(args, "pipeline_cost", None))
@@ -112,6 +125,8 @@ def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
         given["zeropp"] = tuple(o.strip() for o in args.zeropp.split(",") if o.strip())
     if getattr(args, "emulate_inter_node", None) is not None:
         given["emulate_inter_node"] = inter_node_link(args.emulate_inter_node)
+    if getattr(args, "straggler", None) is not None:
+        given["straggler"] = straggler(args.straggler)
     cfg = from_deepspeed(args.config, world, **given) if args.config else TrainConfig(**given)
     if getattr(args, "layout", None) == "auto":
         cfg = auto_layout(cfg, world, given)
@@ -168,7 +183,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     """Every check that can fail before a rank starts."""
     from .. import outputs
     from ..comm import config as comm_config
-    from ..train import data, footprint, zero_options
+    from ..train import data, footprint, ps_options, zero_options
 
     world = _world(args, torchrun)
     if not args.timeout > 0:
@@ -176,7 +191,13 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     watch = WatchdogPolicy(floor_s=args.stall_timeout)
     comm_config.CommConfig()                      # reads RINGZERO_CHECKS / TORCH_DISTRIBUTED_DEBUG
     cfg = config_from(args, world)
-    cfg.placement(world)                           # tp and dp against the world
+    if cfg.strategy == "ps":                       # --nproc counts the workers; the servers come on top
+        world += 0 if torchrun else cfg.servers
+        ps_options.check_world(cfg, world)
+        cfg.placement(ps_options.workers(cfg, world))
+    else:
+        ps_options.check_world(cfg, world)          # a straggler's rank
+        cfg.placement(world)                       # tp and dp against the world
     zero_options.zeropp(cfg, world)                # ZeRO++'s blocks against the dp ranks
     if cfg.strategy == "single" and world != 1:
         raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
@@ -187,7 +208,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
         if cfg.pp == 1:
             raise ValueError("--pipeline-plot draws a pipeline's schedule: it needs --pp > 1")
         outputs.check(args.pipeline_plot, "--pipeline-plot")
-    if not torchrun:
+    if not torchrun and cfg.strategy != "ps":
         footprint.check(cfg, world, force=args.force)
         zero_options.check_resources(cfg, world, say=lambda line: None if args.quiet else
                                      print(line, file=sys.stderr, flush=True))
@@ -249,6 +270,9 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     from .. import outputs
     from ..train import report
     console = Console()
+    if cfg.strategy == "ps":
+        from ..train import report_ps
+        return report_ps.report(cfg, world, results, path, console)
     console.print("validation loss: " + ", ".join(f"step {s}: {v:.3f}" for s, v in results[0].val)
                   + f"   (uniform bytes: ln 256 = {math.log(256):.3f})")
     rows = report.twins(cfg, world, results)
@@ -266,3 +290,4 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
                                              f"steady step)", bubble=pipe["idle_fraction"]["measured"],
              predicted=pipe["idle_fraction"]["predicted"])
         console.print(f"wrote {plot}")
+

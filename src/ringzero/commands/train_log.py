@@ -14,6 +14,7 @@ import sys
 import time
 
 from ..train.config import TrainConfig
+from ..train.ps_options import workers
 from ..watchdog import beacon
 
 
@@ -27,7 +28,7 @@ class StepCallback:
 
     def __init__(self, cfg: TrainConfig, world: int, show: bool) -> None:
         self.cfg, self.t0 = cfg, time.perf_counter()
-        self.tokens = cfg.global_batch(world) * cfg.shape.seq
+        self.tokens = cfg.global_batch(workers(cfg, world)) * cfg.shape.seq   # a ps run's servers take no batch
         self.bar = _Bar(cfg) if show and sys.stdout.isatty() else None
         self.every = log_every(cfg) if show and (self.bar is None or cfg.log_every) else None
 

@@ -177,30 +177,21 @@ class PSConfig:
 
 
 def max_staleness(mode: str, staleness: int, workers: int) -> int | None:
-    """The most versions an update can lag the server by: sync 0, ssp (2S + 1)(P − 1), async None.
+    """The most steps an update's worker can be ahead of the parameters it computed on: sync 0, ssp S
+    (0 with one worker), async None.
 
-    Definitions. A worker's clock counts its steps whose push the server has applied. The server's
-    version counts applied pushes, one per worker step (sync applies a step's P pushes as one sum:
-    version + P). An update's staleness is the version just before the server applies it minus the
-    version of the parameters the worker computed it on, i.e. how many other workers' steps landed
-    in between. Assumed: Ho et al. §2's read-my-writes (a worker pulls only once its previous push is
-    applied: the engine waits for the push's acknowledgement), and SSP's gate: a worker at clock t
-    pulls for step t only once every worker's clock is >= t − S.
+    Definitions (Ho et al. 2013 §2, in clocks). A worker's clock counts its steps whose push a server
+    has applied; the server's clock is the slowest worker's. A pull carries the server's clock at the
+    moment it is answered. The staleness of worker p's update of its step c is c minus the clock its
+    parameters carried: how many steps p ran ahead of the slowest worker's state it saw, the gap SSP
+    bounds. (An update's lag in versions, the pushes applied in between, is up to (2S + 1)(P − 1).)
 
-    Bound. Worker p pulls at clock c, so every other worker's steps < c − S are in its parameters.
-    While p computes, its clock stays c, so another worker may start any step k with k − S <= c and
-    have it applied before p's push: its steps c − S .. c + S, 2S + 1 of them, can land in between.
-    Over the P − 1 others: τ <= (2S + 1)(P − 1), attained when they all start S steps behind p and
-    end S ahead. Ho et al.'s Theorem 1 window [c − s, c + s − 1] (2s clocks) is what a read may
-    miss; counted at the server when the push lands, the others' step c + s can be in too.
-
-    ssp with S = 0 gives P − 1, not sync's 0: the same gate (nobody starts step t + 1 before all have
-    finished t), but the step's pushes are applied one at a time, so the last one finds P − 1 newer
-    versions (for SGD the same sum as sync's; for Adam not). One worker: always 0.
+    Bound. SSP's gate answers worker p's pull for its step c only once the server's clock is >= c − S,
+    so the staleness is <= S, reached when p is held at the gate S steps ahead of a straggler. sync
+    (and ssp with S = 0) gives 0: every pull waits for every push of the step. One worker is the
+    slowest: 0. async has no gate: None (unbounded; each update records its own).
     """
     cfg = PSConfig(workers, 1, mode, staleness)
     if cfg.mode == "async":
         return None
-    if cfg.mode == "sync":
-        return 0
-    return (2 * cfg.staleness + 1) * (cfg.workers - 1)
+    return 0 if cfg.mode == "sync" or cfg.workers == 1 else cfg.staleness

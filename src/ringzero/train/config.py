@@ -14,10 +14,11 @@ from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
-from . import zero_options
+from . import ps_options, zero_options
 
-STRATEGIES = ("single", *sharding.STRATEGIES)
-"""`plan.sharding`'s data-parallel strategies, and "single": DP on one rank."""
+STRATEGIES = ("single", *sharding.STRATEGIES, "ps")
+"""`plan.sharding`'s data-parallel strategies, "single": DP on one rank, and "ps": a parameter
+server (`ps_options`)."""
 ATTENTIONS = ("eager", "sdpa")
 """eager materialises the s x s scores; sdpa is torch's scaled_dot_product_attention."""
 
@@ -56,6 +57,7 @@ def choices() -> dict[str, tuple[str, ...]]:
             "recompute": RECOMPUTES, "attention": ATTENTIONS,
             "comm_algorithm": registry.SPECIAL + registry.algorithms("all_reduce"),
             "offload_optimizer": zero_options.OFFLOADS, "offload_params": zero_options.OFFLOADS,
+            "ps_mode": ps_options.MODES,
             "model": tuple(name for name, shape in MODELS.items() if _trainable(shape))}
 
 
@@ -135,10 +137,18 @@ class TrainConfig:
     """Swap buffers streaming NVMe-offloaded states through the update."""
     offload_pin_memory: bool = True
     """Page-lock the host copies when a GPU is present (faster copies; no effect on a CPU)."""
+    servers: int = 0
+    """strategy ps: server ranks, on top of the workers (`ps_options`)."""
+    ps_mode: str = "sync"
+    """strategy ps: sync (BSP), async, or ssp (bounded staleness)."""
+    staleness: int = 0
+    """ps_mode ssp: steps the fastest worker may run ahead of the slowest."""
+    straggler: tuple[int, float] | None = None
+    """(rank, factor): that worker's compute takes factor times as long (a sleep of the difference)."""
 
     def __post_init__(self) -> None:
         allowed = choices()
-        for name in ("strategy", "schedule", "precision", "recompute", "attention", "comm_algorithm"):
+        for name in ("strategy", "schedule", "precision", "recompute", "attention", "comm_algorithm", "ps_mode"):
             if getattr(self, name) not in allowed[name]:
                 raise FieldError(name, f"{name} {getattr(self, name)!r} is not supported; "
                                        f"allowed: {', '.join(allowed[name])}")
@@ -157,6 +167,7 @@ class TrainConfig:
         self._check_tensor_parallel()
         self._check_pipeline()
         zero_options.check(self)
+        ps_options.check(self)
 
     def _check_pipeline(self) -> None:
         _check(self, "pp", lambda v: v >= 1, "must be >= 1", integer=True)

@@ -79,6 +79,11 @@ class RankResult:
     """A pipeline stage's steady steps: per step its (kind, micro, local chunk, start, end)."""
     inflight: int = 0
     """A pipeline stage: the most chunk micro-batches it held at once (measured step)."""
+    role: str = "worker"
+    """"worker" (every rank of a data-parallel run) or "server" (a parameter server's)."""
+    ps: dict = field(default_factory=dict)
+    """A parameter-server run: a worker's per-step "waits" and "computes"; a server's key "range",
+    "staleness" of every update, "updates", "pushes", "wait_s", "busy_s" (`ps_engine`)."""
     offload: dict = field(default_factory=dict)
     """Offloaded bytes at the measured step: {"optimizer", "params"} each {"device", "host", "disk"},
     and "disk_io" {"optimizer", "params"} each {"read", "write"} of that step (the rates offloading
@@ -98,15 +103,11 @@ class Trainer:
                                      cfg.tp_algorithm) if topology.pp > 1 else None
         self.queue = CommQueue()
         self.strategy = apply_sharding(self.model, topology, ShardingConfig(
-            stage=DP if cfg.strategy == "single" else stage(cfg.strategy), bucket_mb=cfg.bucket_mb,
+            stage=DP if cfg.strategy in ("single", "ps") else stage(cfg.strategy), bucket_mb=cfg.bucket_mb,
             algorithm=cfg.comm_algorithm, zeropp=zero_options.zeropp(cfg, topology.world),
             offload_params=zero_options.param_offload(cfg)), self.queue)
         self.tp_grads = TensorParallelGrads(self.strategy, topology, cfg.tp_algorithm)
-        self.opt = offloaded_adam(self.strategy.owned_weights(), AdamConfig(
-            lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip),
-            zero_options.optimizer_offload(cfg), self.tp_grads.sum_over_owners(),
-            self.tp_grads.counted if topology.tp * topology.pp > 1 else None, rank=dist.get_rank() if
-            dist.is_initialized() else 0)
+        self.opt = self._optimizer()
         self.scaler = LossScaler() if cfg.precision == "fp16" else NoScaler()
         self.schedule = GradAccumulation() if self.stages is None else PipelineSchedule(
             self.stages, topology, cfg.schedule, cfg.virtual_stages, self._boundary_shape(),
@@ -115,6 +116,14 @@ class Trainer:
             self.strategy.accumulate_in_place()
         self.measure_step = min(MEASURE_STEP, cfg.steps - 1)
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
+
+    def _optimizer(self):
+        """This rank's optimizer over the weights it owns (a parameter server's worker has none)."""
+        cfg, topology = self.cfg, self.topo
+        return offloaded_adam(self.strategy.owned_weights(), adam_config(cfg),
+                              zero_options.optimizer_offload(cfg), self.tp_grads.sum_over_owners(),
+                              self.tp_grads.counted if topology.tp * topology.pp > 1 else None,
+                              rank=dist.get_rank() if dist.is_initialized() else 0)
 
     def _boundary_shape(self) -> tuple[int, int, int]:
         """What crosses a stage boundary per micro-batch: (b, s, h), (b, s/t, h) with sequence parallelism."""
@@ -130,7 +139,9 @@ class Trainer:
         """One optimizer step; returns (seconds per phase, this rank's mean loss)."""
         c, st = self.cfg, self.strategy
         hooks = StepHooks(self.model, measure=step == self.measure_step)
+        t0 = time.perf_counter()
         losses = self.schedule.run(self.model, st, self._micro_batches(step), self.scaler.scale, hooks)
+        straggle(c, self.topo.rank, time.perf_counter() - t0)
         if hooks.saved_bytes is not None:
             res.activations = hooks.saved_bytes
         if step == self.measure_step:
@@ -153,6 +164,19 @@ class Trainer:
         ph["optimizer"] -= out["comm_s"]         # the norm's all-reduce is communication
         ph["comm"] += out["comm_s"]
         return ph, sum(losses) / len(losses) if losses else 0.0
+
+    def timed_step(self, step: int, res: RankResult, totals: list[float]) -> tuple[dict[str, float], float]:
+        """`step`, its seconds appended to `totals`; the measured step's traffic metered into `res`."""
+        meter = comm.TrafficMeter() if step == self.measure_step else None
+        t0 = time.perf_counter()
+        if meter:
+            with meter:
+                out = self.step(step, res)
+            res.traffic = meter.summary()
+        else:
+            out = self.step(step, res)
+        totals.append(time.perf_counter() - t0)
+        return out
 
     def _mean_over_ranks(self, value: float) -> float:
         """The mean over the dp ranks of `value` (a pipeline's: the last stage's)."""
@@ -189,15 +213,7 @@ class Trainer:
         for step in range(c.steps):
             if step in points:
                 res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
-            meter = comm.TrafficMeter() if step == self.measure_step else None
-            t0 = time.perf_counter()
-            if meter:
-                with meter:
-                    ph, loss = self.step(step, res)
-                res.traffic = meter.summary()
-            else:
-                ph, loss = self.step(step, res)
-            totals.append(time.perf_counter() - t0)
+            ph, loss = self.timed_step(step, res, totals)
             if self.stages is not None:
                 res.timelines.append(self.schedule.events)
                 if step == self.measure_step:
@@ -239,10 +255,28 @@ class Trainer:
                 for k, v in self.strategy.full_params().items()}
 
 
+def adam_config(cfg: TrainConfig) -> AdamConfig:
+    return AdamConfig(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip)
+
+
+def straggle(cfg: TrainConfig, rank: int, compute_s: float) -> float:
+    """The injected straggler (`cfg.straggler` = (rank, factor)): on that rank, sleep (factor - 1)
+    times the step's compute so that it takes factor times as long, without using a core (other
+    ranks share them). Returns the seconds slept."""
+    if cfg.straggler is None or cfg.straggler[0] != rank:
+        return 0.0
+    extra = (cfg.straggler[1] - 1.0) * compute_s
+    time.sleep(extra)
+    return extra
+
+
 def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,
                calibrate: bool = True) -> RankResult:
     """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
     world = dist.get_world_size(group) if dist.is_initialized() else 1
+    if cfg.strategy == "ps":
+        from .ps_engine import train_ps_rank
+        return train_ps_rank(cfg, group, progress, keep_params)
     placement = cfg.placement(world)                 # tp and dp against the ranks: one line if wrong
     zpp = zero_options.zeropp(cfg, world)
     if world == 1:

@@ -1,0 +1,167 @@
+"""A parameter-server run: workers compute gradients, servers own the parameters and the optimizer.
+
+Ranks 0..W-1 are workers and W..W+S-1 servers (`ps_options`). Every rank builds the same model
+from the same seed; a worker keeps it whole, as a data-parallel rank would, and a server keeps only
+its key range of the flat parameter vector (the worker's buckets in order, cut by
+`plan.param_server.server_ranges`), with the fp32 master and Adam's moments of that range. Each step
+a worker runs its micro-batches, pushes the summed gradient range by range and pulls the new values
+(`parallel.ps_client`); the servers apply them under the run's consistency model
+(`parallel.ps_server`). The workers' batches are data parallelism's: worker i of W takes the i-th
+share of the global batch, so a sync run sees the data an all-reduce run sees.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from .. import comm
+from ..parallel.ps_client import PSClient
+from ..comm.point_to_point import post
+from ..parallel.ps_server import CONTROL, PULLED, PUSHED, ParameterServer
+from ..parallel.topology import Topology
+from ..plan.param_server import server_ranges
+from .config import TrainConfig
+from .engine import RankResult, Trainer, adam_config, straggle
+from .ps_options import ps_config
+from .step_schedule import StepHooks
+
+
+class PSWorker(Trainer):
+    """A worker: the whole model, no optimizer; gradients out, parameters in."""
+
+    def __init__(self, cfg: TrainConfig, index: int, workers: int, servers: list[int] | None, group,
+                 over_workers: "Members | None") -> None:
+        self.index, self.count, self.over_workers = index, workers, over_workers
+        super().__init__(cfg, Topology.alone())
+        self.client = PSClient(self.strategy.owned_weights(), servers, group) if servers else None
+
+    def _optimizer(self):
+        return None
+
+    def _micro_batches(self, step: int) -> list:
+        c = self.cfg
+        x, y = self.data.batch("train", step, c.global_batch(self.count), self.index, self.count)
+        return list(zip(x.chunk(c.grad_accum), y.chunk(c.grad_accum)))
+
+    def _mean_over_workers(self, values: list[float]) -> list[float]:
+        """The workers' mean of each of `values`, once, after the last step: averaging every step would
+        make the workers wait for each other, which async and ssp must not."""
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.over_workers is not None:
+            self.over_workers(t)
+        return (t / self.count).tolist()
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        c = self.cfg
+        losses = [self.model(x, y).item() for x, y in
+                  (self.data.batch("val", i, c.micro_batch * self.count, self.index, self.count)
+                   for i in range(c.eval_batches))]
+        self.model.train()
+        return sum(losses) / len(losses)        # this worker's; averaged over the workers after the run
+
+    def step(self, step: int, res: RankResult) -> tuple[dict[str, float], float]:
+        t0 = time.perf_counter()
+        hooks = StepHooks(self.model, measure=step == self.measure_step)
+        losses = self.schedule.run(self.model, self.strategy, self._micro_batches(step), 1.0, hooks)
+        if hooks.saved_bytes is not None:
+            res.activations = hooks.saved_bytes
+        compute = time.perf_counter() - t0
+        slept = straggle(self.cfg, self.index, compute)
+        wait = self.client.push_pull(self.strategy.reduced_grads(), step)
+        self.strategy.zero_grad()
+        return {"compute": compute + slept, "straggler": slept, "wait": wait}, sum(losses) / len(losses)
+
+    def run(self, progress=None, keep_params: bool = False, calibrate: bool = False) -> RankResult:
+        c = self.cfg
+        res = RankResult(rank=self.index, role="worker")
+        phases, totals = [], []
+        for step in range(c.steps):
+            ph, loss = self.timed_step(step, res, totals)
+            phases.append(ph)
+            res.losses.append(loss)
+            if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
+                res.val.append((step + 1, self.evaluate()))
+            if progress is not None:
+                progress(step, res)
+        self.client.stop()
+        means = self._mean_over_workers(res.losses + [v for _, v in res.val])
+        res.losses, res.val = means[:c.steps], [(s, v) for (s, _), v in zip(res.val, means[c.steps:])]
+        steady = slice(min(2, c.steps - 1), None)
+        res.step_times = totals[steady]
+        res.step_time = statistics.median(res.step_times)
+        res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
+        res.ps = {"waits": [p["wait"] for p in phases], "computes": [p["compute"] for p in phases]}
+        res.buckets = self.strategy.layout()
+        if keep_params:
+            res.params = self.full_params()
+        self.close()
+        return res
+
+    def close(self) -> None:
+        self.strategy.close()
+        self.queue.close()
+
+
+class Members:
+    """Sums over a subset of `group`'s ranks (the workers, or the servers) by point-to-point
+    messages to the first of them and back: a worker's loss and validation loss, the servers'
+    global gradient norm. No sub-group is made, so nothing waits on the other side's ranks."""
+
+    TAG = 45
+
+    def __init__(self, members: list[int], group) -> None:
+        self.members, self.group = members, group
+
+    def __call__(self, t: torch.Tensor) -> None:
+        """Sum `t` in place over the members."""
+        if len(self.members) == 1:
+            return
+        head, me = self.members[0], dist.get_rank(self.group)
+        if me != head:
+            sends, recvs = post(sends=[(head, t)], recvs=[(head, t)], group=self.group, tag=self.TAG,
+                                key=CONTROL)
+            for w in (*sends, *recvs):
+                w.wait()
+            return
+        parts = [torch.empty_like(t) for _ in self.members[1:]]
+        _, recvs = post(recvs=list(zip(self.members[1:], parts)), group=self.group, tag=self.TAG, key=CONTROL)
+        for w in recvs:
+            w.wait()
+        for p in parts:                               # in member order: the same sum on every run
+            t += p
+        sends, _ = post(sends=[(m, t) for m in self.members[1:]], group=self.group, tag=self.TAG, key=CONTROL)
+        for w in sends:
+            w.wait()
+
+
+def train_ps_rank(cfg: TrainConfig, group=None, progress=None, keep_params: bool = False) -> RankResult:
+    """Run `cfg` (strategy ps) on this rank of `group`: a worker's steps or a server's loop."""
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    ps = ps_config(cfg, world)
+    servers = list(range(ps.workers, world))
+    side = Members(list(range(ps.workers)) if me < ps.workers else servers, group)
+    if me < ps.workers:
+        return PSWorker(cfg, me, ps.workers, servers, group, side).run(progress, keep_params)
+    layout = PSWorker(cfg, 0, ps.workers, None, group, None)   # the same model, for its initial values
+    flat = torch.cat([w.detach().reshape(-1) for w in layout.strategy.owned_weights()])
+    layout.close()
+    lo, hi = server_ranges(flat.numel(), ps.servers)[me - ps.workers]
+    server = ParameterServer(flat[lo:hi].clone(), ps, adam_config(cfg), range(ps.workers), group,
+                             cfg.grad_accum, cfg.lr_at, side if ps.servers > 1 else None)
+    meter = comm.TrafficMeter()
+    t0 = time.perf_counter()
+    with meter:
+        log = server.serve()
+    res = RankResult(rank=me, role="server")
+    res.traffic = meter.summary()
+    res.ps = {"range": (lo, hi), "staleness": log.staleness, "updates": log.updates, "pushes": log.pushes,
+              "wait_s": log.wait_s, "busy_s": log.busy_s, "seconds": time.perf_counter() - t0,
+              "max_lead": log.max_lead,
+              "keys": (PUSHED, PULLED, CONTROL)}
+    return res
