@@ -56,7 +56,7 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     if cfg.ps_mode == "sync" and cfg.straggler is not None and len(workers) > 1:
         predicted, measured = waits(cfg, workers)
         i = max(range(len(workers)), key=lambda k: predicted[k])      # the most waiting worker
-        rows.append(Twin(f"waiting for the straggler (worker {i}, per step)", predicted[i], measured[i], "seconds"))
+        rows.append(Twin(f"waiting for the straggler (worker {i}, per step)", predicted[i], measured[i], "s"))
     return rows
 
 
