@@ -142,3 +142,25 @@ def test_train_command_prints_the_ranks_table_and_writes_the_twins(capsys, tmp_p
     assert {r["role"] for r in data["ranks"]} == {"worker", "server"}
     for name in ("push bytes per worker per step", "pull bytes per worker per step"):
         assert data["twins"][name]["error"] == 0.0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv,words", [
+    (["--nproc", "1"], ("--nproc", ">= 2")),
+    (["--nproc", "2", "--servers", "2"], ("servers=2",)),
+    (["--nproc", "2", "--straggler", "0.5"], ("straggler", "factor >= 1")),
+    (["--nproc", "2", "--staleness", "-1"], ("staleness",)),
+])
+def test_bench_ps_bad_input_is_one_line(capsys, tmp_path, argv, words):
+    plot = tmp_path / "ps.png"
+    code = cli.main(["bench", "ps", *argv, "--plot", str(plot)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("ringzero: error:") and "\n" not in err, err
+    assert all(w in err for w in words), err
+    assert not plot.exists()
+
+
+def test_bench_ps_time_to_target():
+    from ringzero.bench.ps import reached
+    row = {"val": [(5, 3.1, 1.0), (10, 2.9, 2.0), (15, 2.95, 3.0), (20, 2.8, 4.0)]}
+    assert reached(row, 2.9) == 2.0 and reached(row, 2.85) == 4.0 and reached(row, 2.0) is None

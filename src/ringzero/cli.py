@@ -37,6 +37,7 @@ COMMANDS = {
 BENCHES = {
     "comm": ("ringzero.bench.comm", "every collective x algorithm x size on --nproc ranks"),
     "train": ("ringzero.bench.train", "ringzero's strategies against torch DDP and FSDP2"),
+    "ps": ("ringzero.bench.ps", "all-reduce DP against a sync, async and SSP parameter server under a straggler"),
 }
 
 

@@ -52,6 +52,8 @@ class RankResult:
     rank: int
     losses: list[float] = field(default_factory=list)
     val: list[tuple[int, float]] = field(default_factory=list)
+    val_at_s: list[float] = field(default_factory=list)
+    """Seconds since the run began when each validation loss was taken (its wall-clock axis)."""
     held: dict[str, int] = field(default_factory=dict)
     activations: int = 0
     traffic: dict = field(default_factory=dict)
@@ -222,6 +224,7 @@ class Trainer:
             phases.append(ph)
             if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
                 res.val.append((step + 1, self.evaluate()))
+                res.val_at_s.append(time.perf_counter() - start)
             res.skipped, res.loss_scale = self.scaler.skipped, float(self.scaler.scale)
             if progress is not None:
                 progress(step, res)

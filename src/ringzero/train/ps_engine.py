@@ -59,9 +59,10 @@ class PSWorker(Trainer):
     def evaluate(self) -> float:
         self.model.eval()
         c = self.cfg
+        # The whole validation batch on every worker (data parallelism's ranks share it out): a
+        # worker's own view of the model is then measured on the same data as an all-reduce run's.
         losses = [self.model(x, y).item() for x, y in
-                  (self.data.batch("val", i, c.micro_batch * self.count, self.index, self.count)
-                   for i in range(c.eval_batches))]
+                  (self.data.batch("val", i, c.micro_batch * self.count, 0, 1) for i in range(c.eval_batches))]
         self.model.train()
         return sum(losses) / len(losses)        # this worker's; averaged over the workers after the run
 
@@ -80,23 +81,26 @@ class PSWorker(Trainer):
     def run(self, progress=None, keep_params: bool = False, calibrate: bool = False) -> RankResult:
         c = self.cfg
         res = RankResult(rank=self.index, role="worker")
-        phases, totals = [], []
+        phases, totals, start = [], [], time.perf_counter()
+        own_val = res.val
         for step in range(c.steps):
             ph, loss = self.timed_step(step, res, totals)
             phases.append(ph)
             res.losses.append(loss)
             if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
                 res.val.append((step + 1, self.evaluate()))
+                res.val_at_s.append(time.perf_counter() - start)
             if progress is not None:
                 progress(step, res)
         self.client.stop()
+        res.ps.update(own_val=list(own_val))      # this worker's own view (async: not the others')
         means = self._mean_over_workers(res.losses + [v for _, v in res.val])
         res.losses, res.val = means[:c.steps], [(s, v) for (s, _), v in zip(res.val, means[c.steps:])]
         steady = slice(min(2, c.steps - 1), None)
         res.step_times = totals[steady]
         res.step_time = statistics.median(res.step_times)
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
-        res.ps = {"waits": [p["wait"] for p in phases], "computes": [p["compute"] for p in phases]}
+        res.ps.update(waits=[p["wait"] for p in phases], computes=[p["compute"] for p in phases])
         res.buckets = self.strategy.layout()
         if keep_params:
             res.params = self.full_params()
