@@ -176,3 +176,9 @@ def _worst_ssp_staleness(workers: int, s: int, steps: int) -> int:
 @pytest.mark.parametrize("workers, s", [(1, 2), (2, 0), (2, 2), (3, 0), (3, 1)])
 def test_ssp_bound_is_exact_over_every_interleaving(workers, s):
     assert _worst_ssp_staleness(workers, s, 2 * s + 3) == ps.max_staleness("ssp", s, workers)
+
+
+def test_server_state_bytes_by_hand():
+    # fp32: the range is the master; Adam's m and v beside it. bf16: a separate fp32 master too.
+    assert ps.server_state_bytes(10, 4, 3) == [4 * 12, 3 * 12, 3 * 12]
+    assert ps.server_state_bytes(10, 2, 2) == [5 * 14, 5 * 14]

@@ -268,7 +268,7 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     from rich.console import Console
 
     from .. import outputs
-    from ..train import report
+    from ..train import report, report_wait
     console = Console()
     if cfg.strategy == "ps":
         from ..train import report_ps
@@ -278,8 +278,10 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     rows = report.twins(cfg, world, results)
     probes = report.probe_summary(cfg, world, results)
     report.render(rows, console, probes)
+    ranks = report_wait.render(cfg, results, console)
     data = report.to_json(cfg, world, results, rows, probes) if path or plot else None
     if path:
+        data["ranks"] = ranks
         outputs.write_text(path, json.dumps(data, indent=1))
         console.print(f"wrote {path}")
     if plot:

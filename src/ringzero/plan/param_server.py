@@ -64,6 +64,15 @@ def imbalance(ranges: Sequence[tuple[int, int]]) -> float:
     return 0.0 if total == 0 else max(sizes) * len(sizes) / total - 1.0
 
 
+def server_state_bytes(numel: int, itemsize: int, servers: int) -> list[int]:
+    """Bytes each server holds for its range r_s: the parameters in the training precision, Adam's
+    two fp32 moments, and an fp32 master when the training precision is 16-bit (with fp32 the
+    parameters are the master): r_s·(itemsize + 8 + 4·[itemsize < 4])."""
+    _int("itemsize", itemsize, 1)
+    per = itemsize + 8 + (4 if itemsize < 4 else 0)
+    return [(hi - lo) * per for lo, hi in server_ranges(numel, servers)]
+
+
 def worker_bytes(numel: int, itemsize: int) -> tuple[int, int]:
     """(push, pull) bytes per worker per step: the whole gradient out and the whole parameter vector
     back, each numel·itemsize in the training precision (Li et al. 2014 §3.3: push and pull)."""

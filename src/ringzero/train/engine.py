@@ -117,6 +117,7 @@ class Trainer:
         if self.stages is not None:      # reduced after the pipeline's flush, never during backward
             self.strategy.accumulate_in_place()
         self.measure_step = min(MEASURE_STEP, cfg.steps - 1)
+        self._last_compute = 0.0
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
 
     def _optimizer(self):
@@ -141,9 +142,12 @@ class Trainer:
         """One optimizer step; returns (seconds per phase, this rank's mean loss)."""
         c, st = self.cfg, self.strategy
         hooks = StepHooks(self.model, measure=step == self.measure_step)
+        # An injected straggler sleeps before its forward (for its previous step's compute), so that
+        # its peers wait for it inside this step's collectives, where a slow GPU would hold them.
+        slept = straggle(c, self.topo.rank, self._last_compute)
         t0 = time.perf_counter()
         losses = self.schedule.run(self.model, st, self._micro_batches(step), self.scaler.scale, hooks)
-        straggle(c, self.topo.rank, time.perf_counter() - t0)
+        self._last_compute = time.perf_counter() - t0
         if hooks.saved_bytes is not None:
             res.activations = hooks.saved_bytes
         if step == self.measure_step:
@@ -163,6 +167,7 @@ class Trainer:
         self.scaler.update(out["skipped"])
         st.zero_grad()
         ph = hooks.seconds
+        ph["straggler"] = slept                  # compute, made longer on purpose (`straggle`)
         ph["optimizer"] -= out["comm_s"]         # the norm's all-reduce is communication
         ph["comm"] += out["comm_s"]
         return ph, sum(losses) / len(losses) if losses else 0.0

@@ -181,6 +181,8 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     ]
     if cfg.pp > 1:
         rows.append(Twin("pipeline wait per step", steps["bubble"], busiest.phases["pipeline_wait"], "s"))
+    from . import report_wait                  # it builds on this module's Twin
+    rows += report_wait.twins(cfg, world, results)
     rows += [
         Twin("step time", steps["step"], busiest.step_time, "s"),
         Twin("tokens per second", tokens / steps["step"], tokens / busiest.step_time, "tokens/s"),

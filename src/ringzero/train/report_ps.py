@@ -3,6 +3,8 @@
 - Push and pull bytes per worker per step: `plan.param_server.worker_bytes` (the model's gradient
   and parameter bytes in the training precision) against the meter's "ps/push" and "ps/pull" at
   the measured step.
+- Bytes a server holds (`server_state_bytes`: its range, Adam's moments, a 16-bit run's fp32 master)
+  against the sizes of its tensors.
 - Bytes into the busiest server per step: W·r_max·itemsize (`server_ingress`, the incast) against
   what its meter received over the run divided by the steps; ε, the range split's imbalance.
 - Waiting under sync: worker i waits for the slowest, max_j c_j − c_i, with c its measured compute
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import statistics
 
-from ..plan.param_server import imbalance, server_ingress, server_ranges, wait_seconds, worker_bytes
+from ..plan.param_server import (imbalance, server_ingress, server_ranges, server_state_bytes, wait_seconds,
+                                 worker_bytes)
 from .config import TrainConfig
 from .engine import RankResult
 from .report import Twin
@@ -52,7 +55,10 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     rows = [Twin("push bytes per worker per step", push, max(_op(w, "ps/push", "bytes_sent") for w in workers), "bytes"),
             Twin("pull bytes per worker per step", pull, max(_op(w, "ps/pull", "bytes_recv") for w in workers), "bytes"),
             Twin("bytes into the busiest server per step", max(ingress),
-                 max(_op(s, "ps/push", "bytes_recv") for s in servers) / cfg.steps, "bytes")]
+                 max(_op(s, "ps/push", "bytes_recv") for s in servers) / cfg.steps, "bytes"),
+            Twin("parameters and optimizer states held by the busiest server",
+                 max(server_state_bytes(numel, cfg.value_bytes, len(servers))),
+                 max(s.held["params"] + s.held["optimizer"] for s in servers), "bytes")]
     if cfg.ps_mode == "sync" and cfg.straggler is not None and len(workers) > 1:
         predicted, measured = waits(cfg, workers)
         i = max(range(len(workers)), key=lambda k: predicted[k])      # the most waiting worker

@@ -1,0 +1,59 @@
+"""Waiting for peers, per rank, in an all-reduce or ZeRO run: the twin and the table of ranks.
+
+A synchronous step ends together on every rank, so a rank that computes less waits inside the
+step's collectives for the slowest (the straggler problem; Ho et al. 2013 §1): predicted, it waits
+max_j c_j − c_i per step, c its compute (forward, backward and an injected straggler's sleep).
+Measured, a collective's time on a rank is the transfer, which every rank pays alike, plus the
+wait: so rank i's wait is its exposed communication minus the slowest rank's (who waits for
+nobody). Medians over the steady steps (`RankResult.phases`).
+"""
+
+from __future__ import annotations
+
+from .config import TrainConfig
+from .engine import RankResult
+from .report import Twin
+
+
+def compute(r: RankResult) -> float:
+    return r.phases["forward"] + r.phases["backward"] + r.phases.get("straggler", 0.0)
+
+
+def waits(results: list[RankResult]) -> tuple[list[float], list[float]]:
+    """(predicted, measured) seconds each rank waits for the others per step."""
+    c = [compute(r) for r in results]
+    slowest = max(range(len(results)), key=lambda i: c[i])
+    base = results[slowest].phases["comm"]
+    return [max(c) - x for x in c], [max(0.0, r.phases["comm"] - base) for r in results]
+
+
+def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
+    """The most waiting rank's wait, when a straggler is injected (otherwise the waits are noise).
+    None under ZeRO-3, tensor or pipeline parallelism: there the wait falls inside forward and
+    backward (the weights' all-gathers, the tp collectives) or into the bubble, not into the
+    exposed communication this measures."""
+    if cfg.straggler is None or world == 1 or cfg.pp > 1 or cfg.tp > 1 or cfg.strategy == "zero3":
+        return []
+    predicted, measured = waits(results)
+    i = max(range(len(results)), key=lambda k: predicted[k])
+    return [Twin(f"waiting for the straggler (rank {results[i].rank}, per step)", predicted[i], measured[i], "s")]
+
+
+def render(cfg: TrainConfig, results: list[RankResult], console) -> list[dict]:
+    """Per rank: compute, waiting (its prediction), communication; printed, and returned as data."""
+    from rich.table import Table
+    if len(results) == 1 or cfg.pp > 1:
+        return []
+    predicted, measured = waits(results)
+    rows = [{"rank": r.rank, "compute_s": compute(r), "waiting_s": m, "predicted_waiting_s": p,
+             "comm_s": r.phases["comm"] - m} for r, p, m in zip(results, predicted, measured)]
+    table = Table(title="every rank per step (medians of steady steps): waiting = exposed communication "
+                        "beyond the slowest rank's")
+    for col in ("rank", "compute", "waiting (predicted)", "communication"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["rank"]), f"{r['compute_s'] * 1e3:.1f} ms",
+                      f"{r['waiting_s'] * 1e3:.1f} ms ({r['predicted_waiting_s'] * 1e3:.1f})",
+                      f"{r['comm_s'] * 1e3:.1f} ms")
+    console.print(table)
+    return rows

@@ -1,0 +1,43 @@
+"""An injected straggler in an all-reduce run: the others wait for it inside the step's collectives
+as `train.report_wait` predicts (the slowest compute minus their own), and nobody waits on it
+longer than that; the straggler itself waits for nobody."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringzero.train.config import TrainConfig
+from ringzero.train.engine import train_rank
+from ringzero.train.report_wait import render, twins, waits
+
+BASE = dict(model="nano", seq=32, micro_batch=2, eval_every=1000, eval_batches=1, max_bytes=1 << 16, steps=6)
+
+
+def _train(group, cfg):
+    return train_rank(cfg, group=group, calibrate=False)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("strategy", ["dp", "zero2"])
+def test_ranks_wait_for_the_straggler_as_predicted(pool, strategy):
+    cfg = TrainConfig(strategy=strategy, straggler=(1, 3.0), **BASE)
+    results = pool.run(_train, cfg, world=2)
+    predicted, measured = waits(results)
+    assert predicted[1] == 0.0 and measured[1] == 0.0
+    assert results[1].phases["straggler"] > 0 and results[0].phases["straggler"] == 0
+    assert measured[0] == pytest.approx(predicted[0], rel=0.15), (predicted, measured)
+    (row,) = twins(cfg, 2, results)
+    assert row.predicted == predicted[0] and row.measured == measured[0]
+
+
+def test_no_straggler_no_twin_and_the_table_has_every_rank():
+    from rich.console import Console
+
+    from ringzero.train.engine import RankResult
+    ph = dict(forward=0.1, backward=0.2, comm=0.05, optimizer=0.01, straggler=0.0)
+    rs = [RankResult(rank=0, phases=dict(ph)), RankResult(rank=1, phases=dict(ph, backward=0.5, comm=0.01))]
+    cfg = TrainConfig(**BASE)
+    assert twins(cfg, 2, rs) == []
+    rows = render(cfg, rs, Console(file=open("/dev/null", "w")))
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert rows[0]["predicted_waiting_s"] == pytest.approx(0.3) and rows[0]["waiting_s"] == pytest.approx(0.04)
