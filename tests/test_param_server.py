@@ -78,7 +78,7 @@ def test_waiting_for_a_straggler_is_predicted(pool):
     (the slowest's compute minus its own), within 15 %; the straggler itself waits for nobody."""
     cfg = TrainConfig(strategy="ps", servers=1, straggler=(1, 3.0), steps=6, **BASE)
     ps = pool.run(_train, cfg, False, world=3)
-    predicted, measured = waits(cfg, ps[:2])
+    predicted, measured = waits(ps[:2])
     assert predicted[1] == 0.0 and measured[1] == 0.0
     assert measured[0] == pytest.approx(predicted[0], rel=0.15), (predicted, measured)
 

@@ -63,7 +63,7 @@ def _cases():
     # The interleaved schedule with v = 1 is 1F1B's order (tests/test_plan_pipeline.py), so v = 2 here.
     for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
         for p in (2, 3, 4):
-            for m in sorted({1, p - 1, p, 2 * p + 1}):
+            for m in sorted({1, p, 2 * p + 1}):     # fewer than p, exactly p, and more than 2p
                 try:
                     pipeline.check(p, BASE["layers"], m, schedule, v)
                 except ValueError:
@@ -73,7 +73,7 @@ def _cases():
 
 @pytest.mark.timeout(400)
 def test_every_schedule_equals_one_rank(pool):
-    """GPipe, 1F1B and interleaved 1F1B (v = 1, 2) for p in {2, 3, 4} and m in {1, p-1, p, 2p+1}
+    """GPipe, 1F1B and interleaved 1F1B (v = 1, 2) for p in {2, 3, 4} and m in {1, p, 2p+1}
     (those the schedule runs): losses, validation loss and every parameter equal one rank's."""
     cases = list(_cases())
     refs = {m: pool.run(_run, dict(grad_accum=m), world=1)[0] for m in {c["grad_accum"] for c in cases}}

@@ -89,6 +89,7 @@ class ParameterServer:
         self.pending: list[tuple[int, int]] = []        # (worker, step it starts next), ssp
         self.sends: dict[int, list] = {w: [] for w in self.workers}
         self.reply: dict[int, torch.Tensor] = {w: torch.empty_like(shard) for w in self.workers}
+        self.reply_clock = {w: torch.empty(1, dtype=torch.float64) for w in self.workers}
         self.state, self.active = ServerState.SERVING, set(self.workers)
         self.log = ServerLog()
 
@@ -173,15 +174,14 @@ class ParameterServer:
         updates while the send may still be in flight)."""
         self._settle(w)
         self.reply[w].copy_(self.shard)
-        clock = torch.tensor([float(self.server_clock())], dtype=torch.float64)
-        head, _ = post(sends=[(w, clock)], group=self.group, tag=TAG_REPLY, key=CONTROL)
+        self.reply_clock[w].fill_(float(self.server_clock()))
+        head, _ = post(sends=[(w, self.reply_clock[w])], group=self.group, tag=TAG_REPLY, key=CONTROL)
         body, _ = post(sends=[(w, self.reply[w])], group=self.group, tag=TAG_PARAMS, key=PULLED)
-        self.sends[w] = [*head, *body, clock]
+        self.sends[w] = [*head, *body]
 
     def _settle(self, w: int) -> None:
-        """Wait for the sends to `w` still in flight (before its reply buffer is reused)."""
+        """Wait for the sends to `w` still in flight (before its reply buffers are reused)."""
         for work in self.sends[w]:
-            if not isinstance(work, torch.Tensor):
-                work.wait()
+            work.wait()
         self.sends[w] = []
 

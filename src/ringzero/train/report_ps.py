@@ -39,7 +39,7 @@ def _steady(xs: list[float]) -> list[float]:
     return xs[min(STEADY, len(xs) - 1):]
 
 
-def waits(cfg: TrainConfig, workers: list[RankResult]) -> tuple[list[float], list[float]]:
+def waits(workers: list[RankResult]) -> tuple[list[float], list[float]]:
     """(predicted, measured) seconds each worker waits for the others per step (sync's model)."""
     computes = [statistics.median(_steady(w.ps["computes"])) for w in workers]
     blocked = [statistics.median(_steady(w.ps["waits"])) for w in workers]
@@ -60,7 +60,7 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
                  max(server_state_bytes(numel, cfg.value_bytes, len(servers))),
                  max(s.held["params"] + s.held["optimizer"] for s in servers), "bytes")]
     if cfg.ps_mode == "sync" and cfg.straggler is not None and len(workers) > 1:
-        predicted, measured = waits(cfg, workers)
+        predicted, measured = waits(workers)
         i = max(range(len(workers)), key=lambda k: predicted[k])      # the most waiting worker
         rows.append(Twin(f"waiting for the straggler (worker {i}, per step)", predicted[i], measured[i], "s"))
     return rows
@@ -71,7 +71,7 @@ def rank_rows(cfg: TrainConfig, results: list[RankResult]) -> list[dict]:
     workers, servers = split(results)
     rows = []
     if workers:
-        predicted, measured = waits(cfg, workers) if len(workers) > 1 else ([0.0], [0.0])
+        predicted, measured = waits(workers) if len(workers) > 1 else ([0.0], [0.0])
         for w, p, m in zip(workers, predicted, measured):
             rows.append({"rank": w.rank, "role": "worker", "compute_s": statistics.median(_steady(w.ps["computes"])),
                          "waiting_s": m, "predicted_waiting_s": p,

@@ -1,8 +1,9 @@
 """Waiting for peers, per rank, in an all-reduce or ZeRO run: the twin and the table of ranks.
 
 A synchronous step ends together on every rank, so a rank that computes less waits inside the
-step's collectives for the slowest (the straggler problem; Ho et al. 2013 §1): predicted, it waits
-max_j c_j − c_i per step, c its compute (forward, backward and an injected straggler's sleep).
+step's collectives for the slowest (the straggler problem; Ho et al. 2013 §1): predicted
+(`plan.param_server.wait_seconds`, the same synchronous barrier), it waits max_j c_j − c_i per
+step, c its compute (forward, backward and an injected straggler's sleep).
 Measured, a collective's time on a rank is the transfer, which every rank pays alike, plus the
 wait: so rank i's wait is its exposed communication minus the slowest rank's (who waits for
 nobody). Medians over the steady steps (`RankResult.phases`).
@@ -10,6 +11,7 @@ nobody). Medians over the steady steps (`RankResult.phases`).
 
 from __future__ import annotations
 
+from ..plan.param_server import wait_seconds
 from .config import TrainConfig
 from .engine import RankResult
 from .report import Twin
@@ -24,7 +26,7 @@ def waits(results: list[RankResult]) -> tuple[list[float], list[float]]:
     c = [compute(r) for r in results]
     slowest = max(range(len(results)), key=lambda i: c[i])
     base = results[slowest].phases["comm"]
-    return [max(c) - x for x in c], [max(0.0, r.phases["comm"] - base) for r in results]
+    return wait_seconds(c), [max(0.0, r.phases["comm"] - base) for r in results]
 
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
