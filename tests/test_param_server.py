@@ -34,15 +34,15 @@ def _max_abs(a: dict, b: dict) -> float:
 def test_sync_equals_all_reduce_data_parallelism(pool, workers, servers):
     """Same seed and data: the losses and every parameter equal DP's within rounding (the server
     sums the pushes in worker order, the ring in its own); two servers split the global norm."""
-    dp = pool.run(_train, TrainConfig(strategy="dp", steps=5, **BASE), world=workers)
-    ps = pool.run(_train, TrainConfig(strategy="ps", servers=servers, steps=5, **BASE), world=workers + servers)
+    dp = pool.run(_train, TrainConfig(strategy="dp", steps=3, **BASE), world=workers)
+    ps = pool.run(_train, TrainConfig(strategy="ps", servers=servers, steps=3, **BASE), world=workers + servers)
     assert [r.role for r in ps] == ["worker"] * workers + ["server"] * servers
     assert ps[0].losses == pytest.approx(dp[0].losses, rel=1e-6)
     for w in ps[:workers]:
         assert _max_abs(dp[0].params, w.params) < 1e-5
     for s in ps[workers:]:
-        assert s.ps["staleness"] == [0] * 5 and s.ps["updates"] == 5 and s.ps["pushes"] == 5 * workers
-    cfg = TrainConfig(strategy="ps", servers=servers, steps=5, **BASE)
+        assert s.ps["staleness"] == [0] * 3 and s.ps["updates"] == 3 and s.ps["pushes"] == 3 * workers
+    cfg = TrainConfig(strategy="ps", servers=servers, steps=3, **BASE)
     for row in twins(cfg, workers + servers, ps):        # push, pull, the busiest server's ingress
         assert row.measured == row.predicted, row
 

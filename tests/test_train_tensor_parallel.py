@@ -19,7 +19,7 @@ from ringzero.train.config import FieldError, TrainConfig
 from ringzero.train.deepspeed import from_deepspeed
 from ringzero.train.engine import train_rank
 
-BASE = dict(model="nano", steps=3, micro_batch=2, grad_accum=2, eval_every=100, eval_batches=1,
+BASE = dict(model="nano", steps=2, micro_batch=2, grad_accum=2, eval_every=100, eval_batches=1,
             max_bytes=1 << 16, clip=0.5, comm_algorithm="ring")
 RTOL = 1e-5
 ATOL_PARAMS = 2e-6
