@@ -128,10 +128,12 @@ class Members:
             return
         head, me = self.members[0], dist.get_rank(self.group)
         if me != head:
-            sends, recvs = post(sends=[(head, t)], recvs=[(head, t)], group=self.group, tag=self.TAG,
+            total = torch.empty_like(t)
+            sends, recvs = post(sends=[(head, t)], recvs=[(head, total)], group=self.group, tag=self.TAG,
                                 key=CONTROL)
             for w in (*sends, *recvs):
                 w.wait()
+            t.copy_(total)
             return
         parts = [torch.empty_like(t) for _ in self.members[1:]]
         _, recvs = post(recvs=list(zip(self.members[1:], parts)), group=self.group, tag=self.TAG, key=CONTROL)
