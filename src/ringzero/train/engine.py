@@ -39,6 +39,7 @@ from .model import GPT, AttentionCore
 from .probe import Prober, median_rates, probe_steps
 from .pipeline_schedule import PipelineSchedule
 from .step_schedule import GradAccumulation, StepHooks
+from .straggler import straggle
 
 MEASURE_STEP = 1
 """The step whose traffic and saved activations are measured (step 0 warms up; a one-step run
@@ -235,23 +236,34 @@ class Trainer:
                 progress(step, res)
         if c.steps in points:
             res.probes.append({"step": c.steps, "at_s": time.perf_counter() - start, **prober()})
-        steady = slice(min(2, c.steps - 1), None)        # skip warm-up steps when there are enough
-        res.step_times = totals[steady]
+        steady = self.summarise(res, totals, phases)
         res.timelines, res.stage = res.timelines[steady], self.topo.pp_rank
-        res.step_time = statistics.median(res.step_times)
-        res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
-        res.buckets = self.strategy.layout()
         res.sp_elements = self.tp_grads.partial_elements if self.cfg.sequence_parallel else None
         res.probe = median_rates(res.probes) if res.probes else {}
         if rates is not None:
             res.probe["offload"] = rates
+        return self.finish(res, keep_params)
+
+    def summarise(self, res: RankResult, totals: list[float], phases: list[dict]) -> slice:
+        """Step times and per-phase medians of the steady steps (warm-up left out when there are
+        enough steps) and the bucket layout, into `res`; returns the steady slice."""
+        steady = slice(min(2, self.cfg.steps - 1), None)
+        res.step_times = totals[steady]
+        res.step_time = statistics.median(res.step_times)
+        res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
+        res.buckets = self.strategy.layout()
+        return steady
+
+    def finish(self, res: RankResult, keep_params: bool) -> RankResult:
+        """The full parameters when asked for, then release everything the run held."""
         if keep_params:
             res.params = self.full_params()
         self.close()
         return res
 
     def close(self) -> None:
-        self.opt.close()
+        if self.opt is not None:             # a parameter server's worker has no optimizer
+            self.opt.close()
         self.strategy.close()
         self.queue.close()
 
@@ -265,17 +277,6 @@ class Trainer:
 
 def adam_config(cfg: TrainConfig) -> AdamConfig:
     return AdamConfig(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip)
-
-
-def straggle(cfg: TrainConfig, rank: int, compute_s: float) -> float:
-    """The injected straggler (`cfg.straggler` = (rank, factor)): on that rank, sleep (factor - 1)
-    times the step's compute so that it takes factor times as long, without using a core (other
-    ranks share them). Returns the seconds slept."""
-    if cfg.straggler is None or cfg.straggler[0] != rank:
-        return 0.0
-    extra = (cfg.straggler[1] - 1.0) * compute_s
-    time.sleep(extra)
-    return extra
 
 
 def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,

@@ -12,7 +12,6 @@ share of the global batch, so a sync run sees the data an all-reduce run sees.
 
 from __future__ import annotations
 
-import statistics
 import time
 
 import torch
@@ -25,7 +24,8 @@ from ..parallel.ps_server import CONTROL, PULLED, PUSHED, ParameterServer
 from ..parallel.topology import Topology
 from ..plan.param_server import server_ranges
 from .config import TrainConfig
-from .engine import RankResult, Trainer, adam_config, straggle
+from .engine import RankResult, Trainer, adam_config
+from .straggler import straggle
 from .ps_options import ps_config
 from .step_schedule import StepHooks
 
@@ -96,20 +96,9 @@ class PSWorker(Trainer):
         res.ps.update(own_val=list(own_val))      # this worker's own view (async: not the others')
         means = self._mean_over_workers(res.losses + [v for _, v in res.val])
         res.losses, res.val = means[:c.steps], [(s, v) for (s, _), v in zip(res.val, means[c.steps:])]
-        steady = slice(min(2, c.steps - 1), None)
-        res.step_times = totals[steady]
-        res.step_time = statistics.median(res.step_times)
-        res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
+        self.summarise(res, totals, phases)
         res.ps.update(waits=[p["wait"] for p in phases], computes=[p["compute"] for p in phases])
-        res.buckets = self.strategy.layout()
-        if keep_params:
-            res.params = self.full_params()
-        self.close()
-        return res
-
-    def close(self) -> None:
-        self.strategy.close()
-        self.queue.close()
+        return self.finish(res, keep_params)
 
 
 class Members:

@@ -1,0 +1,18 @@
+"""An injected straggler (`TrainConfig.straggler`): one rank computes `factor` times as long."""
+
+from __future__ import annotations
+
+import time
+
+from .config import TrainConfig
+
+
+def straggle(cfg: TrainConfig, rank: int, compute_s: float) -> float:
+    """The injected straggler (`cfg.straggler` = (rank, factor)): on that rank, sleep (factor - 1)
+    times the step's compute so that it takes factor times as long, without using a core (other
+    ranks share them). Returns the seconds slept."""
+    if cfg.straggler is None or cfg.straggler[0] != rank:
+        return 0.0
+    extra = (cfg.straggler[1] - 1.0) * compute_s
+    time.sleep(extra)
+    return extra
