@@ -79,7 +79,7 @@ def test_waiting_for_a_straggler_is_predicted(pool):
     cfg = TrainConfig(strategy="ps", servers=1, straggler=(1, 3.0), steps=6, **BASE)
     ps = pool.run(_train, cfg, False, world=3)
     predicted, measured = waits(ps[:2])
-    assert predicted[1] == 0.0 and measured[1] == 0.0
+    assert predicted[1] == 0.0 and measured[1] < 1e-3     # the straggler's push is the step's last
     assert measured[0] == pytest.approx(predicted[0], rel=0.15), (predicted, measured)
 
 

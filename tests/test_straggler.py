@@ -23,7 +23,9 @@ def test_ranks_wait_for_the_straggler_as_predicted(pool, strategy):
     cfg = TrainConfig(strategy=strategy, straggler=(1, 3.0), **BASE)
     results = pool.run(_train, cfg, world=2)
     predicted, measured = waits(results)
-    assert predicted[1] == 0.0 and measured[1] == 0.0
+    # The straggler arrives last at the step's first collectives; later ones (ZeRO's parameter
+    # all-gather after each rank's own optimizer shard) may hold it a little.
+    assert predicted[1] == 0.0 and measured[1] < 0.1 * measured[0], (predicted, measured)
     assert results[1].phases["straggler"] > 0 and results[0].phases["straggler"] == 0
     assert measured[0] == pytest.approx(predicted[0], rel=0.15), (predicted, measured)
     (row,) = twins(cfg, 2, results)
@@ -33,9 +35,15 @@ def test_ranks_wait_for_the_straggler_as_predicted(pool, strategy):
 def test_no_straggler_no_twin_and_the_table_has_every_rank():
     from rich.console import Console
 
+    from ringzero.comm.flight import CallRecord, Timeline
     from ringzero.train.engine import RankResult
     ph = dict(forward=0.1, backward=0.2, comm=0.05, optimizer=0.01, straggler=0.0)
-    rs = [RankResult(rank=0, phases=dict(ph)), RankResult(rank=1, phases=dict(ph, backward=0.5, comm=0.01))]
+    calls = [[CallRecord("all_reduce", (0, 1), 0, start=0.0, end=0.05)],
+             [CallRecord("all_reduce", (0, 1), 0, start=0.04, end=0.05)]]
+    logs = [Timeline(), Timeline()]
+    logs[0].calls, logs[1].calls = calls
+    rs = [RankResult(rank=0, phases=dict(ph), calls=[logs[0]]),
+          RankResult(rank=1, phases=dict(ph, backward=0.5, comm=0.01), calls=[logs[1]])]
     cfg = TrainConfig(**BASE)
     assert twins(cfg, 2, rs) == []
     rows = render(cfg, rs, Console(file=open("/dev/null", "w")))

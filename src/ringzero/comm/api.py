@@ -15,6 +15,7 @@ from ..plan.algorithms import NODE_AWARE
 from ..plan.chunks import bounds_from_sizes, chunk_bounds
 from . import backend, check, registry, select
 from .config import get_config
+from .flight import note_algorithm, recorded
 from .meter import active_entries, add
 from .ops import Op, check_dtype, parse_op, torch_op
 from .p2p import TorchComm
@@ -50,7 +51,8 @@ def _prepare(collective, algorithm, group, describe):
     cfg = get_config()
     if not cfg.checks or n == 1:
         call = _call(collective, algorithm, n, rank, describe)
-        return n, rank, call, _choose(call, n)
+        note_algorithm(chosen := _choose(call, n))
+        return n, rank, call, chosen
     seq = check.next_call(group)  # before the arguments are read: a call left on an exception counts
     call = chosen = error = None
     try:
@@ -60,6 +62,7 @@ def _prepare(collective, algorithm, group, describe):
         error = exc
     node = cfg.node_size(n) if chosen in NODE_AWARE else 0
     check.verify(group, seq, call, chosen, node, collective, algorithm, error)
+    note_algorithm(chosen)
     return n, rank, call, chosen
 
 
@@ -98,6 +101,7 @@ def _avg(t: torch.Tensor, op: Op, n: int) -> None:
         t.div_(n)
 
 
+@recorded("all_reduce")
 def all_reduce(tensor, op=SUM, group=None, algorithm="auto"):
     prep = _prepare("all_reduce", algorithm, group, lambda n, rank: dict(
         dtype=tensor.dtype, count=tensor.numel(), op=parse_op(op)))
@@ -114,6 +118,7 @@ def all_reduce(tensor, op=SUM, group=None, algorithm="auto"):
     _avg(tensor, call.op, n)
 
 
+@recorded("reduce")
 def reduce(tensor, dst, op=SUM, group=None, algorithm="auto"):
     prep = _prepare("reduce", algorithm, group, lambda n, rank: dict(
         dtype=tensor.dtype, count=tensor.numel(), op=parse_op(op), root=dst))
@@ -134,6 +139,7 @@ def reduce(tensor, dst, op=SUM, group=None, algorithm="auto"):
         _avg(tensor, call.op, n)
 
 
+@recorded("broadcast")
 def broadcast(tensor, src, group=None, algorithm="auto"):
     prep = _prepare("broadcast", algorithm, group, lambda n, rank: dict(
         dtype=tensor.dtype, count=tensor.numel(), root=src))
@@ -155,6 +161,7 @@ def _gather_like(collective, algorithm, group, out_flat, bounds, *root):
                                            out_flat, bounds, *root)
 
 
+@recorded("all_gather_into_tensor")
 def all_gather_into_tensor(output, input, group=None, algorithm="auto"):
     def describe(n, rank):
         if output.numel() != n * input.numel() or output.dtype != input.dtype:
@@ -188,6 +195,7 @@ def _list_sizes(collective, role, tensors, n, rank, mine, whose) -> tuple[int, .
     return sizes
 
 
+@recorded("all_gather")
 def all_gather(tensor_list, tensor, group=None, algorithm="auto"):
     def describe(n, rank):
         sizes = _list_sizes("all_gather", "tensor_list", tensor_list, n, rank, tensor.numel(), "input")

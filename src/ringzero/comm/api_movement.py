@@ -12,6 +12,7 @@ import torch.distributed as dist
 from ..plan.chunks import bounds_from_sizes
 from . import backend, registry
 from .api import SUM, _avg, _comm, _list_sizes, _prepare, _torch_call, _torch_needs_equal
+from .flight import recorded
 from .ops import Op, parse_op, torch_op
 
 
@@ -21,6 +22,7 @@ def _cat(tensors, dtype, device) -> torch.Tensor:
     return torch.cat([t.reshape(-1) for t in tensors])
 
 
+@recorded("reduce_scatter_tensor")
 def reduce_scatter_tensor(output, input, op=SUM, group=None, algorithm="auto"):
     def describe(n, rank):
         if input.numel() != n * output.numel() or output.dtype != input.dtype:
@@ -42,6 +44,7 @@ def reduce_scatter_tensor(output, input, op=SUM, group=None, algorithm="auto"):
     _avg(output, call.op, n)
 
 
+@recorded("reduce_scatter")
 def reduce_scatter(output, input_list, op=SUM, group=None, algorithm="auto"):
     def describe(n, rank):
         sizes = _list_sizes("reduce_scatter", "input_list", input_list, n, rank, output.numel(), "output")
@@ -95,6 +98,7 @@ def _rooted_call(collective, role, tensor, lst, root, group, algorithm, torch_fn
     return n, rank, algorithm
 
 
+@recorded("gather")
 def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
     prep = _rooted_call("gather", "gather_list", tensor, gather_list, dst, group, algorithm, dist.gather, "dst")
     if prep is None:
@@ -109,6 +113,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
             t.copy_(work[bounds[i]:bounds[i + 1]].view(t.shape))
 
 
+@recorded("scatter")
 def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
     prep = _rooted_call("scatter", "scatter_list", tensor, scatter_list, src, group, algorithm, dist.scatter, "src")
     if prep is None:
@@ -123,6 +128,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
     tensor.copy_(work[bounds[rank]:bounds[rank + 1]].view(tensor.shape))
 
 
+@recorded("all_to_all")
 def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="auto"):
     def describe(n, rank):
         if not input_tensor_list or len(input_tensor_list) != len(output_tensor_list):

@@ -47,13 +47,14 @@ class PSClient:
         self.read = [0] * len(self.servers)
         """The clock each server's latest answer carried: what the next push says it computed on."""
         self.headers = [torch.empty(HEADER, dtype=torch.float64) for _ in self.servers]
-        self.replies = [torch.empty(1, dtype=torch.float64) for _ in self.servers]
+        self.replies = [torch.empty(2, dtype=torch.float64) for _ in self.servers]
 
-    def push_pull(self, grads: list[torch.Tensor], step: int) -> float:
+    def push_pull(self, grads: list[torch.Tensor], step: int) -> tuple[float, float]:
         """Send every server its range of `grads` (this worker's summed gradient of `step`) and take
-        back the range's new values; returns the seconds spent waiting for the answers after the
-        pushes were posted (the transfer, the server's update, and, under sync or ssp, the slower
-        workers)."""
+        back the range's new values. Returns (blocked, held): the seconds blocked for the answers
+        after the pushes were posted (the transfers, the server's update and, under sync or ssp,
+        the slower workers), and of those the most any server held this push for its peers
+        (`ps_server`'s `held`: the wait for the others, timed where it happens)."""
         sq = sum(float(torch.linalg.vector_norm(g, dtype=torch.float32)) ** 2 for g in grads)
         sends, recvs = [], []
         for i, server in enumerate(self.servers):
@@ -70,10 +71,10 @@ class PSClient:
         waited = time.perf_counter() - t0
         with torch.no_grad():
             for i in range(len(self.servers)):
-                self.read[i] = int(self.replies[i])
+                self.read[i] = int(self.replies[i][0])
                 for b, a, z, off in self.cuts[i]:
                     self.weights[b][a:z].copy_(self.pull_buf[i][off:off + z - a])
-        return waited
+        return waited, max(float(r[1]) for r in self.replies)
 
     def stop(self) -> None:
         """Tell every server this worker is done (after its last pull)."""

@@ -5,7 +5,7 @@ Messages, over `comm.point_to_point` (metered under "ps/control", "ps/push" and 
 
     worker -> server   header [PUSH, step, clock read, Σ g²]  then the gradient of the range
                        header [STOP, ...]                       after its last pull
-    server -> worker   header [clock]                           then the range's parameters
+    server -> worker   header [clock, held]                     then the range's parameters
 
 The server takes headers from whichever worker sends first (an any-source receive: it sleeps until
 one arrives), so it serves workers in arrival order and never waits on one that is slow.
@@ -19,6 +19,10 @@ Consistency (`plan.param_server.PSConfig`):
   worker's own gradient norm) and answered at once.
 - ssp (Ho et al. 2013): applied on arrival as async, but the answer to a worker about to start step
   c waits until the slowest worker's clock is >= c − S (`plan.param_server.max_staleness`).
+
+`held` is how long the server kept this worker's push before it could answer: sync, from its
+arrival to the step's last push's; ssp, from its update to the gate's opening; async, 0. That is
+the worker's wait for its peers, timed apart from moving its bytes and from the server's update.
 
 Each applied push records its staleness: the worker's step minus the clock (the slowest worker's)
 carried by the parameters it computed on, the gap SSP bounds by S (sync: 0).
@@ -89,7 +93,10 @@ class ParameterServer:
         self.pending: list[tuple[int, int]] = []        # (worker, step it starts next), ssp
         self.sends: dict[int, list] = {w: [] for w in self.workers}
         self.reply: dict[int, torch.Tensor] = {w: torch.empty_like(shard) for w in self.workers}
-        self.reply_clock = {w: torch.empty(1, dtype=torch.float64) for w in self.workers}
+        self.reply_clock = {w: torch.empty(2, dtype=torch.float64) for w in self.workers}
+        self.ready_at = {w: 0.0 for w in self.workers}
+        """When each worker's latest push was ready to be answered but for its peers (perf_counter)."""
+        self.held = {w: 0.0 for w in self.workers}
         self.state, self.active = ServerState.SERVING, set(self.workers)
         self.log = ServerLog()
 
@@ -129,12 +136,16 @@ class ParameterServer:
     def _push(self, src: int, step: int, read: int, sq: float) -> None:
         _, (got,) = post(recvs=[(src, self.grad[src])], group=self.group, tag=TAG_GRAD, key=PUSHED)
         got.wait()
+        self.ready_at[src] = time.perf_counter()
         self.log.pushes += 1
         self.log.steps_by_worker[src] = step + 1
         if self.ps.mode == "sync":
             self.stash[src] = self.grad[src]
             if len(self.stash) < len(self.workers):
                 return
+            last = time.perf_counter()                  # every push is in: nobody waits any longer
+            for w in self.workers:
+                self.held[w] = last - self.ready_at[w]
             total = self.stash[self.workers[0]].clone()
             for w in self.workers[1:]:                  # worker order: the same sum on every run
                 total += self.stash[w]
@@ -151,6 +162,7 @@ class ParameterServer:
         self.opt.step([self.grad[src]], divisor=self.grad_accum, lr=self.lr_at(step))
         self.clock[src] += 1
         beacon().step_done(self.server_clock())
+        self.ready_at[src] = time.perf_counter()
         self.pending.append((src, step + 1))
         self._release()
 
@@ -166,6 +178,7 @@ class ParameterServer:
         ready = [(w, c) for w, c in self.pending if bound is None or now >= c - bound]
         self.pending = [p for p in self.pending if p not in ready]
         for w, c in ready:
+            self.held[w] = time.perf_counter() - self.ready_at[w]
             self.log.max_lead = max(self.log.max_lead, c - now)
             self._answer(w)
 
@@ -174,7 +187,7 @@ class ParameterServer:
         updates while the send may still be in flight)."""
         self._settle(w)
         self.reply[w].copy_(self.shard)
-        self.reply_clock[w].fill_(float(self.server_clock()))
+        self.reply_clock[w].copy_(torch.tensor([float(self.server_clock()), self.held[w]]))
         head, _ = post(sends=[(w, self.reply_clock[w])], group=self.group, tag=TAG_REPLY, key=CONTROL)
         body, _ = post(sends=[(w, self.reply[w])], group=self.group, tag=TAG_PARAMS, key=PULLED)
         self.sends[w] = [*head, *body]

@@ -13,6 +13,7 @@ last; never inside a timed step), so the prediction sees the load the steps saw.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
+from ..comm import flight
 from ..parallel.comm_queue import CommQueue
 from ..parallel.offload import offloaded_adam
 from ..parallel.optimizer import AdamConfig
@@ -58,6 +60,8 @@ class RankResult:
     held: dict[str, int] = field(default_factory=dict)
     activations: int = 0
     traffic: dict = field(default_factory=dict)
+    calls: list[flight.Timeline] = field(default_factory=list)
+    """Every collective of each step (`comm.flight`; the steady steps once the run ends)."""
     phases: dict[str, float] = field(default_factory=dict)
     step_time: float = 0.0
     step_times: list[float] = field(default_factory=list)
@@ -175,15 +179,14 @@ class Trainer:
 
     def timed_step(self, step: int, res: RankResult, totals: list[float]) -> tuple[dict[str, float], float]:
         """`step`, its seconds appended to `totals`; the measured step's traffic metered into `res`."""
-        meter = comm.TrafficMeter() if step == self.measure_step else None
+        meter = comm.TrafficMeter() if step == self.measure_step else contextlib.nullcontext()
         t0 = time.perf_counter()
-        if meter:
-            with meter:
-                out = self.step(step, res)
-            res.traffic = meter.summary()
-        else:
+        with meter, flight.Timeline() as timeline:
             out = self.step(step, res)
         totals.append(time.perf_counter() - t0)
+        res.calls.append(timeline)
+        if step == self.measure_step:
+            res.traffic = meter.summary()
         return out
 
     def _mean_over_ranks(self, value: float) -> float:
@@ -248,7 +251,7 @@ class Trainer:
         """Step times and per-phase medians of the steady steps (warm-up left out when there are
         enough steps) and the bucket layout, into `res`; returns the steady slice."""
         steady = slice(min(2, self.cfg.steps - 1), None)
-        res.step_times = totals[steady]
+        res.step_times, res.calls = totals[steady], res.calls[steady]
         res.step_time = statistics.median(res.step_times)
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
         res.buckets = self.strategy.layout()

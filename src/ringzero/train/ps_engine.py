@@ -74,9 +74,10 @@ class PSWorker(Trainer):
             res.activations = hooks.saved_bytes
         compute = time.perf_counter() - t0
         slept = straggle(self.cfg, self.index, compute)
-        wait = self.client.push_pull(self.strategy.reduced_grads(), step)
+        blocked, held = self.client.push_pull(self.strategy.reduced_grads(), step)
         self.strategy.zero_grad()
-        return {"compute": compute + slept, "straggler": slept, "wait": wait}, sum(losses) / len(losses)
+        return ({"compute": compute + slept, "straggler": slept, "wait": held, "comm": blocked - held},
+                sum(losses) / len(losses))
 
     def run(self, progress=None, keep_params: bool = False, calibrate: bool = False) -> RankResult:
         c = self.cfg
@@ -97,7 +98,8 @@ class PSWorker(Trainer):
         means = self._mean_over_workers(res.losses + [v for _, v in res.val])
         res.losses, res.val = means[:c.steps], [(s, v) for (s, _), v in zip(res.val, means[c.steps:])]
         self.summarise(res, totals, phases)
-        res.ps.update(waits=[p["wait"] for p in phases], computes=[p["compute"] for p in phases])
+        res.ps.update(waits=[p["wait"] for p in phases], computes=[p["compute"] for p in phases],
+                      comms=[p["comm"] for p in phases])
         return self.finish(res, keep_params)
 
 

@@ -8,9 +8,9 @@
 - Bytes into the busiest server per step: W·r_max·itemsize (`server_ingress`, the incast) against
   what its meter received over the run divided by the steps; ε, the range split's imbalance.
 - Waiting under sync: worker i waits for the slowest, max_j c_j − c_i, with c its measured compute
-  (the straggler's sleep included). Measured: the time a worker is blocked in its push and pull
-  beyond what the slowest worker is blocked (the transfer and the server's update, which every
-  worker waits for alike). Medians over the steady steps.
+  (the straggler's sleep included). Measured where it happens: how long the server held the
+  worker's push until the step's last push arrived (`parallel.ps_server`'s `held`), apart from
+  the time its bytes and the server's update took. Medians over the steady steps.
 """
 
 from __future__ import annotations
@@ -42,9 +42,7 @@ def _steady(xs: list[float]) -> list[float]:
 def waits(workers: list[RankResult]) -> tuple[list[float], list[float]]:
     """(predicted, measured) seconds each worker waits for the others per step (sync's model)."""
     computes = [statistics.median(_steady(w.ps["computes"])) for w in workers]
-    blocked = [statistics.median(_steady(w.ps["waits"])) for w in workers]
-    slowest = max(range(len(workers)), key=lambda i: computes[i])
-    return wait_seconds(computes), [max(0.0, b - blocked[slowest]) for b in blocked]
+    return wait_seconds(computes), [statistics.median(_steady(w.ps["waits"])) for w in workers]
 
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
@@ -75,7 +73,7 @@ def rank_rows(cfg: TrainConfig, results: list[RankResult]) -> list[dict]:
         for w, p, m in zip(workers, predicted, measured):
             rows.append({"rank": w.rank, "role": "worker", "compute_s": statistics.median(_steady(w.ps["computes"])),
                          "waiting_s": m, "predicted_waiting_s": p,
-                         "comm_s": statistics.median(_steady(w.ps["waits"])) - m})
+                         "comm_s": statistics.median(_steady(w.ps["comms"]))})
     for s in servers:
         st = s.ps["staleness"]
         rows.append({"rank": s.rank, "role": "server", "updates": s.ps["updates"], "waiting_s": s.ps["wait_s"],

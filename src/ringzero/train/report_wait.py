@@ -4,13 +4,17 @@ A synchronous step ends together on every rank, so a rank that computes less wai
 step's collectives for the slowest (the straggler problem; Ho et al. 2013 §1): predicted
 (`plan.param_server.wait_seconds`, the same synchronous barrier), it waits max_j c_j − c_i per
 step, c its compute (forward, backward and an injected straggler's sleep).
-Measured, a collective's time on a rank is the transfer, which every rank pays alike, plus the
-wait: so rank i's wait is its exposed communication minus the slowest rank's (who waits for
-nobody). Medians over the steady steps (`RankResult.phases`).
+Measured by the flight recorder (`comm.flight.waits`): in each collective, the time from this
+rank's arrival to the last member's, timed apart from the bytes moving after it, counted where the
+rank's computation was blocked (a bucket's all-reduce that waits while backward still runs costs
+nothing). Medians over the steady steps.
 """
 
 from __future__ import annotations
 
+import statistics
+
+from ..comm.flight import waits as arrival_waits
 from ..plan.param_server import wait_seconds
 from .config import TrainConfig
 from .engine import RankResult
@@ -23,10 +27,10 @@ def compute(r: RankResult) -> float:
 
 def waits(results: list[RankResult]) -> tuple[list[float], list[float]]:
     """(predicted, measured) seconds each rank waits for the others per step."""
-    c = [compute(r) for r in results]
-    slowest = max(range(len(results)), key=lambda i: c[i])
-    base = results[slowest].phases["comm"]
-    return wait_seconds(c), [max(0.0, r.phases["comm"] - base) for r in results]
+    steps = min(len(r.calls) for r in results)
+    per_step = [arrival_waits([r.calls[k] for r in results]) for k in range(steps)]
+    measured = [statistics.median(w[i] for w in per_step) if per_step else 0.0 for i in range(len(results))]
+    return wait_seconds([compute(r) for r in results]), measured
 
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
@@ -48,9 +52,9 @@ def render(cfg: TrainConfig, results: list[RankResult], console) -> list[dict]:
         return []
     predicted, measured = waits(results)
     rows = [{"rank": r.rank, "compute_s": compute(r), "waiting_s": m, "predicted_waiting_s": p,
-             "comm_s": r.phases["comm"] - m} for r, p, m in zip(results, predicted, measured)]
-    table = Table(title="every rank per step (medians of steady steps): waiting = exposed communication "
-                        "beyond the slowest rank's")
+             "comm_s": max(0.0, r.phases["comm"] - m)} for r, p, m in zip(results, predicted, measured)]
+    table = Table(title="every rank per step (medians of steady steps): waiting = in collectives, from "
+                        "this rank's arrival to the last peer's; communication = exposed")
     for col in ("rank", "compute", "waiting (predicted)", "communication"):
         table.add_column(col, justify="right")
     for r in rows:

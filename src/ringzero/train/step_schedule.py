@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from ..comm import flight
 from ..parallel.recompute import SavedBytes
 
 
@@ -34,7 +35,8 @@ class StepHooks:
     def phase(self, name: str):
         t0 = time.perf_counter()
         try:
-            yield
+            with flight.blocking() if name == "comm" else contextlib.nullcontext():
+                yield
         finally:
             self.seconds[name] += time.perf_counter() - t0
 
