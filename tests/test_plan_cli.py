@@ -133,6 +133,9 @@ def test_quantity_parsers():
     (["--model", "gpt2", "--gpus", "16", "--gpus-per-node", "3"],
      "--gpus 16 does not fill whole nodes of --gpus-per-node 3"),
     (["--model", "gpt2", "--gpus", "12"], "--gpus 12 does not fill whole nodes of --gpus-per-node 8"),
+    (["--model", "gpt2", "--gpus", "8", "--servers", "0"], "--servers must be >= 1, got 0"),
+    (["--model", "gpt2", "--gpus", "8", "--zero", "1", "--servers", "2"], "needs --tp 1 --pp 1 --zero 0"),
+    (["--model", "gpt2", "--gpus", "8", "--tp", "2", "--servers", "2"], "got --tp 2 --pp 1"),
 ])
 def test_bad_input_exits_2_with_one_line(argv, message, capsys):
     code, out, err = _main(["plan", *argv], capsys)
@@ -262,3 +265,12 @@ def test_search_that_finds_nothing_says_why(capsys):
     code, out, err = _main(["plan", "--model", "llama-2-70b", "--gpus", "2", "--search"], capsys)
     assert code == 0, err
     assert "no configuration fits" in out and "Nothing fits" in out
+
+
+def test_servers_add_the_parameter_server_plan(capsys):
+    code, out, _ = _main(["plan", "--model", "gpt2", "--gpus", "8", "--servers", "2", "--json"], capsys)
+    ps = json.loads(out)["parameter_server"]
+    assert code == 0 and ps["workers"] == 8 and ps["servers"] == 2 and ps["bottleneck"] == "server link"
+    assert ps["server_ingress_bytes"] == 4 * ps["push_bytes"]         # 8 workers x half the vector
+    code, out, _ = _main(["plan", "--model", "gpt2", "--gpus", "8", "--servers", "2"], capsys)
+    assert code == 0 and "into the busiest server" in out and "Parameter server" in out

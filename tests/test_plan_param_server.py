@@ -77,6 +77,45 @@ def test_step_seconds_worker_bound_by_hand():
     assert ps.step_seconds(0, 4, 2, 4, compute_s=1.0, link_bw=1000.0, link_alpha=1.0) == 1.0
 
 
+def test_pulls_after_pushes_take_both_directions_in_turn():
+    # 8 workers, 2 servers, 1000 fp16 elements: a push phase of 8 messages and 8000 B into a server,
+    # then a pull phase as long: twice one direction, against the overlapped max of both.
+    assert ps.comm_seconds(1000, 2, 8, 2, 1000.0, 0.01, overlap=False) == pytest.approx(2 * (8 * 0.01 + 8.0))
+    assert ps.comm_seconds(1000, 2, 8, 2, 1000.0, 0.01) == pytest.approx(2 * 8 * 0.01 + 8.0)
+    # worker bound (2 workers, 4 servers): a worker's 4000 B push, then its 4000 B pull.
+    assert ps.comm_seconds(1000, 4, 2, 4, 1000.0, overlap=False) == pytest.approx(8.0)
+    assert ps.comm_seconds(0, 4, 2, 4, 1000.0, 1.0, overlap=False) == 0.0
+
+
+@given(NUMEL, ITEMSIZE, WORKERS, SERVERS)
+def test_serial_pushes_and_pulls_take_at_most_twice_the_overlapped(numel, itemsize, workers, servers):
+    over = ps.comm_seconds(numel, itemsize, workers, servers, 1e9)
+    serial = ps.comm_seconds(numel, itemsize, workers, servers, 1e9, overlap=False)
+    assert over <= serial * (1 + 1e-12) and serial == pytest.approx(2 * over)
+
+
+def test_a_plan_as_a_parameter_server():
+    from ringzero.plan.estimate import estimate
+    from ringzero.plan.config import Parallel, Training
+    from ringzero.plan.hardware import hardware
+    from ringzero.plan.presets import model
+    from ringzero.plan.ps_plan import ps_plan
+    e = estimate(model("gpt2-xl"), Training(), Parallel(dp=8), hardware("a100-80gb"))
+    p = ps_plan(e, 2)
+    n, hw = e.params.total, e.hardware
+    assert p.push_bytes == p.pull_bytes == 2 * n
+    assert p.server_ingress_bytes == 8 * -(-n // 2) * 2                   # 8 workers x the larger range
+    assert p.server_state_bytes == -(-n // 2) * (2 + 8 + 4)               # bf16 parameters, moments, master
+    assert p.worker_memory_bytes == e.memory.total - e.memory.optimizer
+    assert p.comm_s == max(p.server_link_s, p.worker_link_s) and p.bottleneck == "server link"
+    assert p.step_s == pytest.approx(e.time.compute + ps.server_link_seconds(n, 2, 8, 2, hw.inter_bw, hw.inter_alpha))
+    assert ps_plan(e, 16).bottleneck == "worker link"                    # more servers than workers
+    with pytest.raises(ValueError, match="needs tp 1, pp 1, zero 0"):
+        ps_plan(estimate(model("gpt2-xl"), Training(), Parallel(dp=8, zero=1), hardware("a100-80gb")), 2)
+    with pytest.raises(ValueError, match="servers must be an integer >= 1"):
+        ps_plan(e, 0)
+
+
 def test_empty_ranges_send_no_messages():
     # 2 elements on 4 servers: a worker sends to 2 servers only.
     assert ps.worker_link_seconds(2, 1, 4, 1.0, link_alpha=10.0) == pytest.approx(2 * 2 * 10.0 + 2.0)

@@ -23,6 +23,7 @@ from ..plan.config import Parallel, Training
 from ..plan.estimate import check, estimate, to_dict
 from ..plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
 from ..plan.presets import MODELS, TRAINED_TOKENS, model
+from ..plan.ps_plan import ps_plan
 from ..plan.recommend import recommend
 from ..plan.search import search
 from ..plan.shapes import NORMS, POSITIONS, ModelShape
@@ -82,6 +83,8 @@ def add_arguments(parser) -> None:
     a("--flash-attention", action="store_true")
     a("--dp-algorithm", default="auto", help=f"{', '.join(config.DP_ALGORITHMS)} (default auto)")
     a("--bucket-mb", type=float, default=25.0, help="gradient bucket, MiB (default 25)")
+    a("--servers", type=int, metavar="S", help="also plan the dp ranks as workers of S parameter servers "
+      "(each on its own network link; needs tp 1, pp 1, zero 0)")
 
     g = parser.add_argument_group("hardware")
     a = g.add_argument
@@ -231,6 +234,14 @@ def _check_interleaved(tr: Training, par: Parallel) -> None:
                          f"({tr.sequences_per_step(par.dp)}) must be a multiple of micro-batch x dp x pp = {need}")
 
 
+def _check_servers(servers: int, par: Parallel) -> None:
+    if servers < 1:
+        raise ValueError(f"--servers must be >= 1, got {servers}")
+    if par.tp != 1 or par.pp != 1 or par.zero != 0 or par.offload != "none":
+        raise ValueError(f"--servers plans plain data parallelism: it needs --tp 1 --pp 1 --zero 0 and no "
+                         f"--offload, got --tp {par.tp} --pp {par.pp} --zero {par.zero} --offload {par.offload}")
+
+
 def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
     """The checked model, training, split and hardware the flags describe (ValueError naming the
     flag otherwise)."""
@@ -242,6 +253,8 @@ def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
         check(m, tr, par)                # the global batch against micro-batch x dp; the schedule
     except ValueError as exc:
         raise as_flag(exc) from None
+    if args.servers is not None:
+        _check_servers(args.servers, par)
     n, k = par.gpus, hw.gpus_per_node
     if not whole_nodes(n, k):
         raise ValueError(f"--gpus {n} does not fill whole nodes of --gpus-per-node {k}; allowed: a multiple "
@@ -255,14 +268,17 @@ def run(args) -> int:
         m, tr, par, hw = build_inputs(args)
     e = estimate(m, tr, par, hw, days=args.days)
     found = run_search(args, e) if args.search else None
+    ps = ps_plan(e, args.servers) if args.servers is not None else None
     if args.plot is not None:
         from .plan_plot import plot
         plot(e, args.plot)
     if args.json:
         plan = to_dict(e)
+        if ps is not None:
+            plan["parameter_server"] = {**dataclasses.asdict(ps), "bottleneck": ps.bottleneck}
         print(json.dumps(plan if found is None else {"plan": plan, "search": search_dict(found)}))
         return 0
     from . import plan_render
     plan_render.render(e, tokens_from=tokens_source(args, e.training), advice=run_recommend(e), found=found,
-                       plot=args.plot)
+                       plot=args.plot, ps=ps)
     return 0

@@ -190,6 +190,23 @@ def timing(e: Estimate) -> Table:
     return t
 
 
+def ps_table(ps) -> Table:
+    t = _table(f"Parameter server: the {ps.workers} dp ranks as workers of {ps.servers} servers, per step "
+               "(synchronous; each server on its own network link)", "", "value", "note", right=(1,))
+    t.add_row("push per worker", gb(ps.push_bytes), "its whole gradient")
+    t.add_row("pull per worker", gb(ps.pull_bytes), "the whole parameter vector")
+    t.add_row("into the busiest server", gb(ps.server_ingress_bytes),
+              f"workers x its range (the incast); range imbalance ε = {ps.imbalance:.2e}")
+    t.add_row("held by the busiest server", gb(ps.server_state_bytes), "its range: parameters, master, optimizer")
+    t.add_row("device memory per worker", gb(ps.worker_memory_bytes), "the plan's, less the optimizer states")
+    t.add_row("server link", seconds(ps.server_link_s), "pushes in, pulls out (full duplex)")
+    t.add_row("worker link", seconds(ps.worker_link_s), f"bottleneck: the {ps.bottleneck}")
+    t.add_row("step", seconds(ps.step_s), "compute + the busier link", style="bold")
+    t.add_row("step with the all-reduce", seconds(ps.allreduce_step_s),
+              f"{gb(ps.allreduce_bytes)} GB sent per rank")
+    return t
+
+
 def advice_table(rec) -> Table | str:
     if isinstance(rec, str):
         return f"[yellow]recommendation unavailable: {rec}[/]"
@@ -214,13 +231,15 @@ def search_table(found) -> Table:
 
 
 def render(e: Estimate, *, tokens_from: str, advice=None, found=None, plot: str | None = None,
-           console: Console | None = None) -> None:
+           console: Console | None = None, ps=None) -> None:
     """Print every section of the plan (and the recommendation and search, when given)."""
     c = console or _console()
     c.print(f"[dim]{UNITS}[/]")
     for table in (inputs(e, tokens_from), size_and_compute(e), memory(e), comm_ops(e),
                   comparison(e), timing(e)):
         c.print(table)
+    if ps is not None:
+        c.print(ps_table(ps))
     if advice is not None:
         c.print(advice_table(advice))
     if found is not None:
