@@ -112,9 +112,9 @@ def _held(fn):
     CPU s of this process)."""
     held, real = [], link_emulator.transmit
 
-    def spy(link, nbytes):
+    def spy(link, nbytes, dst=None):
         held.append(nbytes)
-        real(link, nbytes)
+        real(link, nbytes, dst)
 
     link_emulator.transmit = spy
     try:
@@ -150,6 +150,28 @@ def test_emulator_delays_cross_node_messages_without_burning_cpu(pool):
     assert held1 == [MB]
     assert wall1 >= 0.09, wall1  # lower bound only: the link was emulated
     assert cpu1 < wall1 / 4, (cpu1, wall1)  # it slept; it did not spin
+
+
+def _incast(g):
+    """World 4, one rank per node: ranks 1-3 each send 1 MB to rank 0 at once over 0.01 GB/s links."""
+    r = dist.get_rank(g)
+    with comm.configure(ranks_per_node=1, inter_node_gbps=0.01):   # 1 MB takes 0.1 s on a link
+        dist.barrier(group=g)
+        t0 = time.perf_counter()
+        sends = [(0, torch.ones(MB // 4))] if r else []
+        recvs = [(p, torch.empty(MB // 4)) for p in (1, 2, 3)] if r == 0 else []
+        s, rv = point_to_point.post(sends=sends, recvs=recvs, group=g)
+        for w in s + rv:
+            w.wait()
+        return time.perf_counter() - t0
+
+
+def test_many_senders_share_the_receivers_link(pool):
+    """Incast: three 1 MB messages into one rank's 0.01 GB/s link take 0.3 s, not one link's 0.1 s
+    (each sender's own link is free; the receiver's is the bottleneck)."""
+    walls = pool.run(_incast, world=4, timeout=60)
+    assert walls[0] >= 0.29, walls
+    assert sorted(walls[1:])[-1] >= 0.29 and sorted(walls[1:])[0] < 0.25, walls   # served one after another
 
 
 def _collectives_held(g):

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from ringzero import cli, launch
 from ringzero.parallel import ps_client, ps_server
+from ringzero.plan.param_server import comm_seconds
 from ringzero.train.config import TrainConfig
 from ringzero.train.engine import train_rank
 from ringzero.train.report_ps import twins, waits
@@ -164,3 +165,17 @@ def test_bench_ps_time_to_target():
     from ringzero.bench.ps import reached
     row = {"val": [(5, 3.1, 1.0), (10, 2.9, 2.0), (15, 2.95, 3.0), (20, 2.8, 4.0)]}
     assert reached(row, 2.9) == 2.0 and reached(row, 2.85) == 4.0 and reached(row, 2.0) is None
+
+
+@pytest.mark.timeout(300)
+def test_the_step_over_an_emulated_link_is_predicted(pool):
+    """Sync, 2 workers and 1 server, every rank its own node on a 0.01 GB/s link: the step is the
+    slowest compute, the server's two pulls one after the other, the last push, and the update
+    (`plan.param_server.comm_seconds` "staggered"), within 15 %; the link time dominates it."""
+    cfg = TrainConfig(strategy="ps", servers=1, steps=6, ranks_per_node=1, emulate_inter_node=(0.01, 5.0), **BASE)
+    ps = pool.run(_train, cfg, False, world=3)
+    (row,) = [t for t in twins(cfg, 3, ps) if t.name.startswith("step over")]
+    numel = sum(n for n, _ in ps[0].buckets)
+    link = comm_seconds(numel, 4, 2, 1, 0.01e9, 5e-6, schedule="staggered")
+    assert link == pytest.approx(3 * numel * 4 / 0.01e9, rel=1e-3) and row.predicted > link > row.predicted / 2
+    assert row.measured == pytest.approx(row.predicted, rel=0.15), (row.predicted, row.measured)

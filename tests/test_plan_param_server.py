@@ -77,21 +77,24 @@ def test_step_seconds_worker_bound_by_hand():
     assert ps.step_seconds(0, 4, 2, 4, compute_s=1.0, link_bw=1000.0, link_alpha=1.0) == 1.0
 
 
-def test_pulls_after_pushes_take_both_directions_in_turn():
-    # 8 workers, 2 servers, 1000 fp16 elements: a push phase of 8 messages and 8000 B into a server,
-    # then a pull phase as long: twice one direction, against the overlapped max of both.
-    assert ps.comm_seconds(1000, 2, 8, 2, 1000.0, 0.01, overlap=False) == pytest.approx(2 * (8 * 0.01 + 8.0))
+def test_staggered_pulls_then_the_last_push_by_hand():
+    # 8 workers, 2 servers, 1000 fp16 elements: a server's 8 pulls of 1000 B go out one after
+    # another (8 messages, 8000 B), then the last worker pushes its 2000 B to both servers.
+    staggered = ps.comm_seconds(1000, 2, 8, 2, 1000.0, 0.01, schedule="staggered")
+    assert staggered == pytest.approx((8 * 0.01 + 8.0) + (2 * 0.01 + 2.0))
     assert ps.comm_seconds(1000, 2, 8, 2, 1000.0, 0.01) == pytest.approx(2 * 8 * 0.01 + 8.0)
-    # worker bound (2 workers, 4 servers): a worker's 4000 B push, then its 4000 B pull.
-    assert ps.comm_seconds(1000, 4, 2, 4, 1000.0, overlap=False) == pytest.approx(8.0)
-    assert ps.comm_seconds(0, 4, 2, 4, 1000.0, 1.0, overlap=False) == 0.0
+    # worker bound (2 workers, 4 servers): a worker's 4000 B pull, then its 4000 B push.
+    assert ps.comm_seconds(1000, 4, 2, 4, 1000.0, schedule="staggered") == pytest.approx(8.0)
+    assert ps.comm_seconds(0, 4, 2, 4, 1000.0, 1.0, schedule="staggered") == 0.0
+    with pytest.raises(ValueError, match="allowed: overlapped, staggered"):
+        ps.comm_seconds(10, 4, 2, 1, 1000.0, schedule="serial")
 
 
 @given(NUMEL, ITEMSIZE, WORKERS, SERVERS)
-def test_serial_pushes_and_pulls_take_at_most_twice_the_overlapped(numel, itemsize, workers, servers):
+def test_staggered_takes_between_the_overlapped_and_twice_it(numel, itemsize, workers, servers):
     over = ps.comm_seconds(numel, itemsize, workers, servers, 1e9)
-    serial = ps.comm_seconds(numel, itemsize, workers, servers, 1e9, overlap=False)
-    assert over <= serial * (1 + 1e-12) and serial == pytest.approx(2 * over)
+    staggered = ps.comm_seconds(numel, itemsize, workers, servers, 1e9, schedule="staggered")
+    assert over <= staggered * (1 + 1e-12) and staggered <= 2 * over * (1 + 1e-12)
 
 
 def test_a_plan_as_a_parameter_server():

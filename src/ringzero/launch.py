@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import allocator, rank_io, watchdog
+from .comm import link_emulator
 from .rank_io import in_torchrun  # noqa: F401  (part of this module's API)
 from .watchdog import Watchdog, WatchdogPolicy
 
@@ -66,6 +67,8 @@ class _Ties:
     stderr_path: str | None = None
     beacons: object = None
     parent_thread_lasts: bool = True
+    links: object = None
+    """The ranks' incoming-link clocks for the link emulator (`comm.link_emulator.share_ingress`)."""
     """Whether the thread that starts the rank lives as long as the parent (the kernel's
     parent-death signal follows the thread, not the process); else the rank polls the parent."""
 
@@ -78,6 +81,8 @@ def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float,
             rank_io.redirect_stderr(ties.stderr_path)
         if ties.beacons is not None:
             watchdog.install(ties.beacons, rank)
+    if ties is not None and ties.links is not None:
+        link_emulator.share_ingress(ties.links)
     allocator.tune()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(rank), str(world), str(rank)
@@ -172,7 +177,8 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
     dog = Watchdog(ctx, nproc, watch) if watch is not None else None
     with tempfile.TemporaryDirectory(prefix="ringzero-ranks-") as logs:
         paths = [os.path.join(logs, f"rank{r}.stderr") for r in range(nproc)]
-        ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None, _on_main_thread())
+        links = ctx.Array("d", nproc)
+        ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None, _on_main_thread(), links)
                 for r in range(nproc)]
         procs = [ctx.Process(target=_worker, daemon=True,
                              args=(r, nproc, port, threads, timeout, fn, args, results, ties[r]))

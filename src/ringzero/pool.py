@@ -55,10 +55,12 @@ class RankPool:
         self._store, port = launch.host_store(self.nproc)
         self._results = ctx.Queue()
         self._tasks = [ctx.Queue() for _ in range(self.nproc)]
+        links = ctx.Array("d", self.nproc)
         self._procs = [ctx.Process(target=_serve, daemon=True,
                                    args=(r, self.nproc, port, self.threads, self.timeout,
                                          self._tasks[r], self._results,
-                                         launch._Ties(os.getpid(), parent_thread_lasts=launch._on_main_thread())))
+                                         launch._Ties(os.getpid(), parent_thread_lasts=launch._on_main_thread(),
+                                                      links=links)))
                        for r in range(self.nproc)]
         for p in self._procs:
             p.start()

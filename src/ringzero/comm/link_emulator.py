@@ -13,6 +13,13 @@ the link for B / (G·1e9) s, starting when the link has finished the previous on
 the link is shared by all threads of the rank, under a lock), and arrives `inter_node_latency_us`
 after it has left.
 
+Incast. A link carries one message at a time both ways: a message also occupies its receiver's
+incoming link, so W senders into one rank take W times as long as one (the parameter server's
+incast, which a sender-only model would hide). Under ringzero's own launcher and test pool the
+ranks share one array of the times each rank's incoming link is free again (`share_ingress`); a
+message starts once both its sender's and its receiver's links are free and holds both for
+B / (G·1e9) s. Elsewhere (torchrun) only the sending side is modelled.
+
 The rank's NIC thread sleeps (`time.sleep`, no busy-waiting: the CPU stays free for the other ranks
 of the machine) until the emulated link would have delivered the message, and only then posts the
 real send (`send_later`); the collective's own thread goes on meanwhile, as it would beside a real
@@ -47,6 +54,18 @@ def link_for(config) -> Link | None:
     return Link(config.inter_node_gbps * 1e9, config.inter_node_latency_us * 1e-6)
 
 
+_INGRESS = None
+"""A shared array (`multiprocessing.Array('d', world)`): when each global rank's incoming link is
+free again, on the perf_counter clock (CLOCK_MONOTONIC, one for every process of the host); None
+when the launcher shares none."""
+
+
+def share_ingress(array) -> None:
+    """Use `array` (one slot per global rank, zeros at start) for the ranks' incoming links."""
+    global _INGRESS
+    _INGRESS = array
+
+
 class _Nic:
     """The rank's outgoing link: when it is free again. One per process (one rank per process)."""
 
@@ -54,11 +73,18 @@ class _Nic:
         self._lock = threading.Lock()
         self._free_at = 0.0
 
-    def arrival(self, link: Link, nbytes: int) -> float:
-        """Reserve the link for `nbytes` (perf_counter clock); returns when the message arrives."""
+    def arrival(self, link: Link, nbytes: int, dst: int | None = None) -> float:
+        """Reserve the link (and global rank `dst`'s incoming link, when shared) for `nbytes`
+        (perf_counter clock); returns when the message arrives."""
         with self._lock:
             now = time.perf_counter()
-            leaves = max(now, self._free_at) + nbytes / link.bytes_per_s
+            busy = nbytes / link.bytes_per_s
+            if _INGRESS is not None and dst is not None:
+                with _INGRESS.get_lock():
+                    leaves = max(now, self._free_at, _INGRESS[dst]) + busy
+                    _INGRESS[dst] = leaves
+            else:
+                leaves = max(now, self._free_at) + busy
             self._free_at = leaves
         return leaves + link.latency_s
 
@@ -66,10 +92,11 @@ class _Nic:
 NIC = _Nic()
 
 
-def transmit(link: Link, nbytes: int) -> None:
-    """Sleep until `link` would have delivered a message of `nbytes` sent now (after the link's
-    earlier messages). Call just before posting the real send of an inter-node message."""
-    wait_until(NIC.arrival(link, nbytes))
+def transmit(link: Link, nbytes: int, dst: int | None = None) -> None:
+    """Sleep until `link` would have delivered a message of `nbytes` sent now to global rank `dst`
+    (after the link's earlier messages). Call just before posting the real send of an inter-node
+    message."""
+    wait_until(NIC.arrival(link, nbytes, dst))
 
 
 def wait_until(deadline: float) -> None:
@@ -105,18 +132,19 @@ _thread: threading.Thread | None = None
 
 def _nic() -> None:
     while True:
-        link, nbytes, post, handle = _queue.get()
+        link, nbytes, dst, post, handle = _queue.get()
         try:
-            transmit(link, nbytes)
+            transmit(link, nbytes, dst)
             handle._work = post()
         except BaseException as e:            # noqa: BLE001 - handed to whoever waits on the send
             handle._error = e
         handle._posted.set()
 
 
-def send_later(link: Link, nbytes: int, post) -> Delayed:
+def send_later(link: Link, nbytes: int, post, dst: int | None = None) -> Delayed:
     """Have the rank's NIC thread call `post()` (which posts the real send and returns its work)
-    once `link` has delivered `nbytes`, after every message queued before; returns its handle.
+    once `link` has delivered `nbytes` to global rank `dst`, after every message queued before;
+    returns its handle.
     Messages to one peer keep their order: the NIC sends in queue order."""
     global _thread
     with _started:
@@ -124,5 +152,5 @@ def send_later(link: Link, nbytes: int, post) -> Delayed:
             _thread = threading.Thread(target=_nic, name="ringzero-nic", daemon=True)
             _thread.start()
     handle = Delayed()
-    _queue.put((link, nbytes, post, handle))
+    _queue.put((link, nbytes, dst, post, handle))
     return handle

@@ -141,15 +141,16 @@ class TorchComm:
         far = [(p, b) for p, b in sends if cross[self._check(p)]]
         near = [(p, b) for p, b in sends if not cross[p]]
         if self._batched:  # one NCCL group: hold it all until the last inter-node message arrives
-            for _, b in far:
-                link_emulator.transmit(self._link, b.numel() * self.itemsize)
+            for p, b in far:
+                link_emulator.transmit(self._link, b.numel() * self.itemsize, self._peer(p))
             ops = [dist.P2POp(dist.isend, b, self._peer(p), group=self.group) for p, b in near + far]
             ops += [dist.P2POp(dist.irecv, b, self._peer(p), group=self.group) for p, b in recvs]
             return Pending(dist.batch_isend_irecv(ops))
         works = [self._pg.send([b], p, 0) for p, b in near]
         works += [self._pg.recv([b], self._check(p), 0) for p, b in recvs]
         works += [link_emulator.send_later(self._link, b.numel() * self.itemsize,
-                                           lambda p=p, b=b: self._pg.send([b], p, 0)) for p, b in far]
+                                           lambda p=p, b=b: self._pg.send([b], p, 0), self._peer(p))
+                  for p, b in far]
         return Pending(works)
 
     def post_send(self, peer: int, buf: torch.Tensor, new_round: bool = False):
@@ -158,7 +159,7 @@ class TorchComm:
         self._count(((peer, buf),), (), new_round)
         if self._link is not None and self._cross[self._check(peer)]:
             return link_emulator.send_later(self._link, buf.numel() * self.itemsize,
-                                            lambda: self._pg.send([buf], peer, 0))
+                                            lambda: self._pg.send([buf], peer, 0), self._peer(peer))
         return self._pg.send([buf], self._check(peer), 0)
 
     def post_recv(self, peer: int, buf: torch.Tensor, new_round: bool = False):

@@ -56,10 +56,10 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
     far = [] if link is None or cross is None else [(p, t) for p, t in sends if cross[p]]
     if far:
         sends = [(p, t) for p, t in sends if not cross[p]]
+    glob = dist.get_global_rank if group is not None else (lambda g, r: r)
     if dist.get_backend(group) == "nccl":
-        for _, t in far:  # one NCCL group: hold it until the last inter-node message has arrived
-            link_emulator.transmit(link, _nbytes(t))
-        glob = dist.get_global_rank if group is not None else (lambda g, r: r)
+        for p, t in far:  # one NCCL group: hold it until the last inter-node message has arrived
+            link_emulator.transmit(link, _nbytes(t), glob(group, p))
         ops = [dist.P2POp(dist.isend, t, glob(group, p), group=group, tag=tag) for p, t in [*sends, *far]]
         ops += [dist.P2POp(dist.irecv, t, glob(group, p), group=group, tag=tag) for p, t in recvs]
         # One NCCL group: its handles complete together, so all of them are the receives' to wait on.
@@ -67,7 +67,8 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
     pg = group if group is not None else dist.group.WORLD
     works = [pg.send([t], p, tag) for p, t in sends]
     received = [pg.recv([t], p, tag) for p, t in recvs]
-    works += [link_emulator.send_later(link, _nbytes(t), lambda p=p, t=t: pg.send([t], p, tag)) for p, t in far]
+    works += [link_emulator.send_later(link, _nbytes(t), lambda p=p, t=t: pg.send([t], p, tag), glob(group, p))
+              for p, t in far]
     return works, received
 
 

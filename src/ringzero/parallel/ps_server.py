@@ -69,6 +69,8 @@ class ServerLog:
     """Seconds blocked waiting for a worker's header."""
     busy_s: float = 0.0
     """Seconds receiving gradients, updating and answering."""
+    update_s: list[float] = field(default_factory=list)
+    """Seconds of each update (the optimizer step on this server's range), in the order applied."""
     steps_by_worker: dict[int, int] = field(default_factory=dict)
     max_lead: int = 0
     """The most steps a worker was let start ahead of the server's clock (ssp: at most S)."""
@@ -150,7 +152,7 @@ class ParameterServer:
             for w in self.workers[1:]:                  # worker order: the same sum on every run
                 total += self.stash[w]
             self.stash.clear()
-            self.opt.step([total], divisor=len(self.workers) * self.grad_accum, lr=self.lr_at(step))
+            self._update(total, len(self.workers) * self.grad_accum, step)
             self._record(0)
             for w in self.workers:
                 self.clock[w] += 1
@@ -159,12 +161,17 @@ class ParameterServer:
             return
         self._record(step - read)
         self._push_sq = sq
-        self.opt.step([self.grad[src]], divisor=self.grad_accum, lr=self.lr_at(step))
+        self._update(self.grad[src], self.grad_accum, step)
         self.clock[src] += 1
         beacon().step_done(self.server_clock())
         self.ready_at[src] = time.perf_counter()
         self.pending.append((src, step + 1))
         self._release()
+
+    def _update(self, grad: torch.Tensor, divisor: int, step: int) -> None:
+        t0 = time.perf_counter()
+        self.opt.step([grad], divisor=divisor, lr=self.lr_at(step))
+        self.log.update_s.append(time.perf_counter() - t0)
 
     def _record(self, staleness: int) -> None:
         self.log.updates += 1

@@ -12,7 +12,8 @@ pulls the new parameters, cut by range, one message per non-empty range and dire
     server s    in P·r_s·B (the incast: P workers into one link), out P·r_s·B; Σ_s in = P·n·B
     link time   server: 2P·α + P·r_max·B / bw;  worker: 2k·α + n·B / bw  (k non-empty ranges)
     step        compute + max(server link, worker link)        (synchronous, full-duplex links,
-                pushes and pulls overlapped key by key; twice one direction when pulls follow pushes)
+                pushes and pulls overlapped key by key; `comm_seconds` "staggered": pulls, then the
+                last worker's push)
     waiting     BSP: worker i waits max_j c_j − c_i for the slowest (the straggler problem)
 
 The server link is P / S_v times busier than a worker's (P·r_max vs n, r_max ≈ n / S_v), so with
@@ -125,17 +126,20 @@ def worker_link_seconds(numel: int, itemsize: int, servers: int, link_bw: float,
     return 2 * busy * link_alpha + max(push, pull) / link_bw if busy else 0.0
 
 
+SCHEDULES = ("overlapped", "staggered")
+
+
 def step_seconds(numel: int, itemsize: int, workers: int, servers: int, compute_s: float, link_bw: float,
-                 link_alpha: float = 0.0, overlap: bool = True) -> float:
+                 link_alpha: float = 0.0, schedule: str = "overlapped") -> float:
     """Seconds per synchronous step: compute_s, then the pushes and pulls (`comm_seconds`).
     Communication is not overlapped with compute (the push needs the whole backward's gradient in
     this model)."""
     _check_link(compute_s, link_bw, link_alpha)
-    return compute_s + comm_seconds(numel, itemsize, workers, servers, link_bw, link_alpha, overlap)
+    return compute_s + comm_seconds(numel, itemsize, workers, servers, link_bw, link_alpha, schedule)
 
 
 def comm_seconds(numel: int, itemsize: int, workers: int, servers: int, link_bw: float,
-                 link_alpha: float = 0.0, overlap: bool = True) -> float:
+                 link_alpha: float = 0.0, schedule: str = "overlapped") -> float:
     """Seconds of one step's pushes and pulls: the slower of the busiest server's link and a
     worker's link.
 
@@ -143,22 +147,27 @@ def comm_seconds(numel: int, itemsize: int, workers: int, servers: int, link_bw:
     (workers/servers)·numel elements through one link while each worker sends only numel through
     its own (incast: many senders, one receiver; more servers spread it).
 
-    `overlap`: both directions run at once. ps-lite's kvstores push and pull key by key, so one
-    key's pull runs while later keys' pushes still arrive and the busier direction bounds the link.
-    Without it (ringzero's engine: a server answers once the step's pushes are all in and applied)
-    the pulls follow the pushes: a push phase, the slower of the server's ingress and a worker's
-    egress, then a pull phase the same length the other way, twice the overlapped time.
+    `schedule` "overlapped": both directions run at once. ps-lite's kvstores push and pull key by
+    key, so one key's pull runs while later keys' pushes still arrive and the busier direction
+    bounds the link.
+    "staggered" (ringzero's engine, synchronous): a server answers once the step's pushes are all
+    in and applied, one worker after another, so a step's pulls take one direction's time, the
+    slower of the server's W·r_max bytes out and a worker's n in. The workers then start their
+    next step one pull apart, and their pushes arrive as far apart: only the last worker's push,
+    its n bytes through its own link, waits behind the slowest compute. Both are in the step.
     """
     _check_link(0.0, link_bw, link_alpha)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} is not supported; allowed: {', '.join(SCHEDULES)}")
     server = server_link_seconds(numel, itemsize, workers, servers, link_bw, link_alpha)
     worker = worker_link_seconds(numel, itemsize, servers, link_bw, link_alpha)
-    if overlap:
+    if schedule == "overlapped":
         return max(server, worker)
     push, _ = worker_bytes(numel, itemsize)
     busy = sum(1 for lo, hi in server_ranges(numel, servers) if hi > lo)
     server_phase = workers * link_alpha + max(server_ingress(numel, itemsize, workers, servers)) / link_bw
     worker_phase = busy * link_alpha + push / link_bw
-    return 2 * max(server_phase, worker_phase) if busy else 0.0
+    return max(server_phase, worker_phase) + worker_phase if busy else 0.0
 
 
 def wait_seconds(compute_s: Sequence[float]) -> list[float]:

@@ -288,7 +288,8 @@ def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if cfg.strategy == "ps":
         from .ps_engine import train_ps_rank
-        return train_ps_rank(cfg, group, progress, keep_params)
+        with comm.configure(**zero_options.comm_settings(cfg)):
+            return train_ps_rank(cfg, group, progress, keep_params)
     placement = cfg.placement(world)                 # tp and dp against the ranks: one line if wrong
     zpp = zero_options.zeropp(cfg, world)
     if world == 1:

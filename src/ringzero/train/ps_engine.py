@@ -160,6 +160,6 @@ def train_ps_rank(cfg: TrainConfig, group=None, progress=None, keep_params: bool
     res.held = {"params": server.shard.numel() * server.shard.element_size(), "optimizer": server.opt.state_bytes()}
     res.ps = {"range": (lo, hi), "staleness": log.staleness, "updates": log.updates, "pushes": log.pushes,
               "wait_s": log.wait_s, "busy_s": log.busy_s, "seconds": time.perf_counter() - t0,
-              "max_lead": log.max_lead,
+              "max_lead": log.max_lead, "update_s": log.update_s,
               "keys": (PUSHED, PULLED, CONTROL)}
     return res

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..plan.param_server import (imbalance, server_ingress, server_ranges, server_state_bytes, wait_seconds,
+from ..plan.param_server import (comm_seconds, imbalance, server_ingress, server_ranges, server_state_bytes, wait_seconds,
                                  worker_bytes)
 from .config import TrainConfig
 from .engine import RankResult
@@ -45,6 +45,23 @@ def waits(workers: list[RankResult]) -> tuple[list[float], list[float]]:
     return wait_seconds(computes), [statistics.median(_steady(w.ps["waits"])) for w in workers]
 
 
+def step_twin(cfg: TrainConfig, workers: list[RankResult], servers: list[RankResult], numel: int) -> list[Twin]:
+    """Sync over an emulated network with every rank its own node (each its own link, as the
+    planner assumes): the slowest worker's compute, the pulls through the busier link and the last
+    worker's push (`comm_seconds` "staggered": the engine answers once a step's pushes are applied,
+    one worker after another), and the server's update (measured on the server, as the all-reduce twin's optimizer is probed)."""
+    if cfg.ps_mode != "sync" or cfg.emulate_inter_node is None or cfg.ranks_per_node != 1:
+        return []
+    gbps, latency_us = cfg.emulate_inter_node
+    compute = max(statistics.median(_steady(w.ps["computes"])) for w in workers)
+    update = max(statistics.median(_steady(s.ps["update_s"])) for s in servers)
+    link = comm_seconds(numel, cfg.value_bytes, len(workers), len(servers), gbps * 1e9, latency_us * 1e-6,
+                        schedule="staggered")
+    measured = max(w.step_time for w in workers)
+    return [Twin(f"step over {gbps:g} GB/s links (compute, {'server' if len(workers) > len(servers) else 'worker'}"
+                 f" link {link * 1e3:.0f} ms, update)", compute + link + update, measured, "s")]
+
+
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
     workers, servers = split(results)
     numel = sum(n for n, _ in workers[0].buckets)
@@ -57,6 +74,7 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
             Twin("parameters and optimizer states held by the busiest server",
                  max(server_state_bytes(numel, cfg.value_bytes, len(servers))),
                  max(s.held["params"] + s.held["optimizer"] for s in servers), "bytes")]
+    rows += step_twin(cfg, workers, servers, numel)
     if cfg.ps_mode == "sync" and cfg.straggler is not None and len(workers) > 1:
         predicted, measured = waits(workers)
         i = max(range(len(workers)), key=lambda k: predicted[k])      # the most waiting worker
