@@ -33,6 +33,7 @@ COMMANDS = {
     "plan": ("ringzero.commands.plan", "memory, communication and time of a training configuration"),
     "bench": (None, "benchmarks against the peer in the same run (comm, train)"),
     "explain": ("ringzero.comm.explain", "step-by-step walk-through of a collective algorithm"),
+    "checkpoint": ("ringzero.commands.checkpoint", "inspect a checkpoint, or consolidate it into one file"),
 }
 BENCHES = {
     "comm": ("ringzero.bench.comm", "every collective x algorithm x size on --nproc ranks"),

@@ -35,7 +35,7 @@ FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recom
          "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
          "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits",
          "offload_optimizer", "offload_params", "nvme_path", "offload_buffers", "servers", "ps_mode",
-         "staleness")
+         "staleness", "save_dir", "save_every", "keep", "init_from")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,6 +80,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "would (needs --ranks-per-node)")
     p.add_argument("--straggler", metavar="RANK:FACTOR", default=None,
                    help="slow this worker's compute by FACTOR >= 1 (a sleep of the difference: no CPU)")
+    p.add_argument("--async-save", action="store_true", default=None,
+                   help="write checkpoints on a background thread (the step waits only for the copy)")
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR",
+                   help="continue from a checkpoint (its folder, or a --save-dir: its latest; without DIR: "
+                        "--save-dir's), in any layout")
     p.add_argument("--layout", choices=("auto",), default=None,
                    help="auto: run the dp x tp x pp layout (and ZeRO stage, schedule) ringzero.plan "
                         "recommends for this model on these ranks")
@@ -117,7 +122,7 @@ def straggler(text: str) -> tuple[int, float]:
 
 
 def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
-    given = {k: getattr(args, k) for k in FLAGS + ("sequence_parallel",) if getattr(args, k, None) is not None}
+    given = {k: getattr(args, k) for k in FLAGS + ("sequence_parallel", "async_save") if getattr(args, k, None) is not None}
     cost = _pipeline_cost(getattr(args, "pipeline_cost", None))
     if cost is not None:
         given["pipeline_cost"] = cost
@@ -127,6 +132,11 @@ def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
         given["emulate_inter_node"] = inter_node_link(args.emulate_inter_node)
     if getattr(args, "straggler", None) is not None:
         given["straggler"] = straggler(args.straggler)
+    if getattr(args, "resume", None) is not None:
+        given["resume"] = args.resume or args.save_dir
+        if not given["resume"]:
+            raise ValueError("--resume without a folder resumes --save-dir's latest checkpoint: give --save-dir "
+                             "or --resume DIR")
     cfg = from_deepspeed(args.config, world, **given) if args.config else TrainConfig(**given)
     if getattr(args, "layout", None) == "auto":
         cfg = auto_layout(cfg, world, given)
@@ -183,7 +193,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     """Every check that can fail before a rank starts."""
     from .. import outputs
     from ..comm import config as comm_config
-    from ..train import data, footprint, ps_options, zero_options
+    from ..train import checkpoint_options, data, footprint, ps_options, zero_options
 
     world = _world(args, torchrun)
     if not args.timeout > 0:
@@ -213,6 +223,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
         zero_options.check_resources(cfg, world, say=lambda line: None if args.quiet else
                                      print(line, file=sys.stderr, flush=True))
     data.check(len(data.corpus_bytes(cfg.data, cfg.max_bytes)), cfg.shape.seq)   # path and size, checked now
+    checkpoint_options.preflight(cfg)
     return Job(cfg, world, watch)
 
 
@@ -264,6 +275,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _saves(results: list, console) -> None:
+    """One line on the checkpoints: what they cost the step (the busiest rank) and took to write."""
+    import statistics
+    saves = [r.checkpoint for r in results if r.checkpoint]
+    if not saves or not saves[0]["saves"]:
+        return
+    blocked = max(statistics.median(s["blocked_s"]) for s in saves)
+    wrote = max(statistics.median(s["write_s"]) for s in saves)
+    how = "asynchronous: the copy to host memory" if saves[0]["async"] else "synchronous"
+    console.print(f"checkpoints: {saves[0]['saves']} saved; each blocked the step {blocked * 1e3:.1f} ms ({how}), "
+                  f"writing took {wrote * 1e3:.1f} ms (medians, busiest rank)")
+
+
 def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None) -> None:
     from rich.console import Console
 
@@ -279,6 +303,7 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     probes = report.probe_summary(cfg, world, results)
     report.render(rows, console, probes)
     ranks = report_wait.render(cfg, results, console)
+    _saves(results, console)
     data = report.to_json(cfg, world, results, rows, probes) if path or plot else None
     if path:
         data["ranks"] = ranks

@@ -256,6 +256,15 @@ class NvmeOffloadAdam(CpuOffloadAdam):
                 dst[k.bucket][k.lo:k.lo + k.numel].copy_(src[:k.numel])
         return out
 
+    def write_state(self, master: list[torch.Tensor], m: list[torch.Tensor], v: list[torch.Tensor]) -> None:
+        """Replace the swap file's (master, m, v) of every bucket (a checkpoint being loaded;
+        between steps)."""
+        slot = self.swap.slots[0]
+        for k in self.chunks:
+            for dst, src in zip((slot.w, slot.m, slot.v), (master, m, v)):
+                dst[:k.numel].copy_(src[k.bucket][k.lo:k.lo + k.numel])
+            self.swap.write(k, 0).result()
+
     def probe_disk(self, nbytes: int | None = None, load=None) -> dict[str, float]:
         """{"write_gbps", "read_gbps"} of this optimizer's own swap file (`SwapFile.measure`: its
         records, at most `nbytes` of them, read and written back unchanged; between steps). The

@@ -14,7 +14,7 @@ from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
-from . import ps_options, zero_options
+from . import checkpoint_options, ps_options, zero_options
 
 STRATEGIES = ("single", *sharding.STRATEGIES, "ps")
 """`plan.sharding`'s data-parallel strategies, "single": DP on one rank, and "ps": a parameter
@@ -145,6 +145,18 @@ class TrainConfig:
     """ps_mode ssp: steps the fastest worker may run ahead of the slowest."""
     straggler: tuple[int, float] | None = None
     """(rank, factor): that worker's compute takes factor times as long (a sleep of the difference)."""
+    save_dir: str | None = None
+    """Folder of checkpoints (`ringzero.checkpoint`); None: none are written."""
+    save_every: int | None = None
+    """Save after every this many steps (and after the last); None: after the last only."""
+    keep: int | None = None
+    """Complete checkpoints kept under save_dir (the newest); None: all."""
+    async_save: bool = False
+    """Write checkpoints on a background thread: the step waits only for the copy to host memory."""
+    resume: str | None = None
+    """A checkpoint (its folder, or a save_dir: its latest) to continue from, in any layout."""
+    init_from: str | None = None
+    """A consolidated safetensors file (`ringzero checkpoint consolidate`) to take the weights from."""
 
     def __post_init__(self) -> None:
         allowed = choices()
@@ -168,6 +180,7 @@ class TrainConfig:
         self._check_pipeline()
         zero_options.check(self)
         ps_options.check(self)
+        checkpoint_options.check(self)
 
     def _check_pipeline(self) -> None:
         _check(self, "pp", lambda v: v >= 1, "must be >= 1", integer=True)

@@ -34,7 +34,7 @@ from ..parallel.strategies import apply_sharding
 from ..parallel.tensor_parallel import apply_tensor_parallel
 from ..parallel.tp_grads import TensorParallelGrads, unshard
 from ..parallel.topology import Topology
-from . import offload_probe, zero_options
+from . import checkpointing, offload_probe, zero_options
 from .config import TrainConfig
 from .data import ByteData, load_bytes
 from .model import GPT, AttentionCore
@@ -86,6 +86,8 @@ class RankResult:
     """A pipeline stage's steady steps: per step its (kind, micro, local chunk, start, end)."""
     inflight: int = 0
     """A pipeline stage: the most chunk micro-batches it held at once (measured step)."""
+    checkpoint: dict = field(default_factory=dict)
+    """Saves of the run (`checkpointing.Saver.summary`): seconds each blocked the step, and wrote."""
     role: str = "worker"
     """"worker" (every rank of a data-parallel run) or "server" (a parameter server's)."""
     ps: dict = field(default_factory=dict)
@@ -121,9 +123,13 @@ class Trainer:
             dtype(cfg.precision), cfg.pipeline_cost)
         if self.stages is not None:      # reduced after the pipeline's flush, never during backward
             self.strategy.accumulate_in_place()
-        self.measure_step = min(MEASURE_STEP, cfg.steps - 1)
         self._last_compute = 0.0
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
+        self.start = checkpointing.load_checkpoint(self, cfg.resume) if cfg.resume is not None else 0
+        if cfg.init_from is not None:
+            checkpointing.init_weights(self, cfg.init_from)
+        self.saver = checkpointing.Saver(self) if cfg.save_dir is not None else None
+        self.measure_step = self.start + min(MEASURE_STEP, cfg.steps - self.start - 1)
 
     def _optimizer(self):
         """This rank's optimizer over the weights it owns (a parameter server's worker has none)."""
@@ -218,10 +224,10 @@ class Trainer:
         c = self.cfg
         res = RankResult(rank=self.topo.rank)
         phases, totals = [], []
-        points = set(probe_steps(c.steps)) if calibrate else set()
+        points = {self.start + p for p in probe_steps(c.steps - self.start)} if calibrate else set()
         prober, start = Prober(c, self.strategy, self.tp_grads.partial_elements) if points else None, time.perf_counter()
         rates = offload_probe.measure(self.opt) if c.offload_optimizer != "none" else None
-        for step in range(c.steps):
+        for step in range(self.start, c.steps):
             if step in points:
                 res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
             ph, loss = self.timed_step(step, res, totals)
@@ -235,6 +241,8 @@ class Trainer:
                 res.val.append((step + 1, self.evaluate()))
                 res.val_at_s.append(time.perf_counter() - start)
             res.skipped, res.loss_scale = self.scaler.skipped, float(self.scaler.scale)
+            if checkpointing.due(c, step + 1):
+                checkpointing.save_checkpoint(self, step + 1)
             if progress is not None:
                 progress(step, res)
         if c.steps in points:
@@ -250,7 +258,7 @@ class Trainer:
     def summarise(self, res: RankResult, totals: list[float], phases: list[dict]) -> slice:
         """Step times and per-phase medians of the steady steps (warm-up left out when there are
         enough steps) and the bucket layout, into `res`; returns the steady slice."""
-        steady = slice(min(2, self.cfg.steps - 1), None)
+        steady = slice(min(2, len(totals) - 1), None)
         res.step_times, res.calls = totals[steady], res.calls[steady]
         res.step_time = statistics.median(res.step_times)
         res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
@@ -259,6 +267,9 @@ class Trainer:
 
     def finish(self, res: RankResult, keep_params: bool) -> RankResult:
         """The full parameters when asked for, then release everything the run held."""
+        if self.saver is not None:              # the last save is complete before the run ends
+            self.saver.wait()
+            res.checkpoint = self.saver.summary()
         if keep_params:
             res.params = self.full_params()
         self.close()

@@ -1,0 +1,145 @@
+"""Loading a checkpoint into any layout: global tensors assembled one at a time, then cut.
+
+For each global tensor this rank holds a piece of (`state.pieces`), the loader reads the pieces the
+manifest lists (safetensors, opened lazily, one tensor at a time), assembles the global tensor
+(`slices.assemble`) and copies this rank's piece out of it (`slices.piece_of`): peak memory is one
+global tensor beyond the rank's own state. No conversion step, whatever the saving layout was.
+
+Precision: a 16-bit run saves "master/" (fp32) beside "param/"; the loader takes a weight from
+"master/" when there is one (cast to the running precision: a 16-bit weight is its master rounded),
+so an fp32 run resumes a bf16 checkpoint without loss and the other way round.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .manifest import CheckpointError, Manifest, Piece, read
+from .save import LATEST, STEP_DIR, complete
+from .slices import assemble, piece_of
+from .state import Local
+
+
+def resolve(path: str) -> str:
+    """The checkpoint directory `path` names: itself when it holds a manifest, else the root's
+    `latest` (or, when `latest` is missing or points at an incomplete one, its newest complete
+    checkpoint). CheckpointError when there is none."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint {path!r} does not exist")
+    if os.path.isfile(os.path.join(path, "manifest.json")):
+        return path
+    pointer = os.path.join(path, LATEST)
+    if os.path.isfile(pointer):
+        with open(pointer, encoding="utf-8") as f:
+            name = f.read().strip()
+        if STEP_DIR.match(name) and os.path.isfile(os.path.join(path, name, "manifest.json")):
+            return os.path.join(path, name)
+    found = complete(path)
+    if not found:
+        raise CheckpointError(f"{path!r} holds no complete checkpoint (no step-NNNNNNNN/ with a manifest)")
+    return os.path.join(path, found[-1])
+
+
+class Reader:
+    """The pieces of checkpoint `directory`, read from its safetensors files (kept open)."""
+
+    def __init__(self, directory: str, manifest: Manifest | None = None) -> None:
+        self.directory = directory
+        self.manifest = manifest if manifest is not None else read(directory)
+        self._files: dict[str, object] = {}
+
+    def _open(self, name: str):
+        from safetensors import safe_open
+        if name not in self._files:
+            path = os.path.join(self.directory, name)
+            try:
+                self._files[name] = safe_open(path, framework="pt")
+            except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file
+                raise CheckpointError(f"cannot read {path}: {exc}") from None
+        return self._files[name]
+
+    def piece(self, p: Piece) -> torch.Tensor:
+        f = self._open(p.file)
+        if p.key not in f.keys():
+            raise CheckpointError(f"{p.file} has no tensor {p.key!r} that the manifest lists")
+        return f.get_tensor(p.key).reshape(-1)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """Global tensor `name`, whole."""
+        if name not in self.manifest.tensors:
+            raise CheckpointError(f"checkpoint has no tensor {name!r}")
+        return assemble(name, self.manifest.tensors[name], self.piece)
+
+    def rng(self, rank: int) -> dict[str, torch.Tensor]:
+        """Rank `rank`'s saved RNG states ({} when it saved none)."""
+        name = self.manifest.rng.get(str(rank))
+        if name is None:
+            return {}
+        f = self._open(name)
+        return {k.removeprefix("rng/"): f.get_tensor(k) for k in f.keys() if k.startswith("rng/")}
+
+
+def source(m: Manifest, name: str) -> str:
+    """The saved tensor that fills `name` of the running job (see the module doc)."""
+    kind, _, param = name.partition("/")
+    if kind in ("param", "master") and f"master/{param}" in m.tensors:
+        return f"master/{param}"
+    if kind == "master":
+        return f"param/{param}"
+    return name
+
+
+def check_model(m: Manifest, locals_: list[Local]) -> None:
+    """CheckpointError when the running model's tensors are not the checkpoint's (another model)."""
+    for l in locals_:
+        src = source(m, l.name)
+        e = m.tensors.get(src)
+        if e is None:
+            raise CheckpointError(f"the checkpoint has no {src!r}: it is of another model or was saved "
+                                  "without the optimizer")
+        if tuple(e.shape) != tuple(l.shape):
+            raise CheckpointError(f"{src!r} is {list(e.shape)} in the checkpoint and {list(l.shape)} in this "
+                                  "model: it is of another model")
+
+
+@torch.no_grad()
+def fill_weights(path: str, locals_: list[Local]) -> None:
+    """Set the weight pieces of `locals_` ("param/" and "master/") from a consolidated safetensors
+    file `path` (the model's parameter names as keys; `consolidate`); CheckpointError when it is
+    not a file of this model."""
+    from safetensors import safe_open
+    try:
+        f = safe_open(path, framework="pt")
+    except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file
+        raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
+    keys = set(f.keys())
+    by_name: dict[str, list[Local]] = {}
+    for l in locals_:
+        kind, _, name = l.name.partition("/")
+        if kind in ("param", "master"):
+            by_name.setdefault(name, []).append(l)
+    for name in sorted(by_name):
+        if name not in keys:
+            raise CheckpointError(f"{path} has no tensor {name!r}: it is not a file of this model")
+        full = f.get_tensor(name)
+        want = by_name[name][0].shape
+        if tuple(full.shape) != tuple(want):
+            raise CheckpointError(f"{path}: {name!r} is {list(full.shape)}, this model's is {list(want)}")
+        for l in by_name[name]:
+            l.tensor.copy_(piece_of(full, l.tp, l.flat))
+
+
+@torch.no_grad()
+def fill(reader: Reader, locals_: list[Local]) -> None:
+    """Copy every piece of `locals_` from the checkpoint, one global tensor at a time."""
+    check_model(reader.manifest, locals_)
+    by_source: dict[str, list[Local]] = {}
+    for l in locals_:
+        by_source.setdefault(source(reader.manifest, l.name), []).append(l)
+    for name in sorted(by_source):
+        full = reader.tensor(name)
+        for l in by_source[name]:
+            l.tensor.copy_(piece_of(full, l.tp, l.flat))
+        del full

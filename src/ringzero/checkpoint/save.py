@@ -1,0 +1,189 @@
+"""Writing a checkpoint atomically: every rank its shard, rank 0 the manifest, then the rename.
+
+    root/
+      step-00000040/      manifest.json, rank-00000.safetensors, rank-00001.safetensors, ...
+      step-00000080/
+      latest              "step-00000080": the newest complete checkpoint
+
+A save never needs a collective, so it can run beside training (`--async-save`):
+
+1. `snapshot`: this rank's pieces (`state.pieces`) and RNG states, copied to host memory when the
+   save is asynchronous (the only part the training step waits for);
+2. `write`: every rank writes `rank-RRRRR.safetensors` into `step-NNNNNNNN.tmp-TOKEN/` and fsyncs
+   it, then writes `rank-RRRRR.json`, the list of what it wrote, fsynced: its marker. TOKEN is
+   the run's own (chosen by rank 0 when the run starts), so files a dead earlier attempt left in a
+   directory of the same step are never mixed in;
+3. rank 0 waits for every rank's marker, writes `manifest.json` from them, fsyncs it and the
+   directory, renames the directory to `step-NNNNNNNN/`, fsyncs the root, then replaces `latest`
+   (a file written beside it, fsynced, renamed over it); only then is the checkpoint there. It
+   removes the temporary directories of this step and earlier ones (saves that died) and the
+   complete checkpoints beyond the newest `keep`.
+
+A crash at any point leaves the previous checkpoints and `latest` as they were: a directory is
+complete exactly when its name has no `.tmp` and it holds a manifest (`manifest.read`). Markers
+and the rename need one file system that every rank sees (as every multi-node checkpoint does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .manifest import MANIFEST, Entry, Manifest, Piece, TPSlice
+from .state import Local
+
+LATEST = "latest"
+STEP_DIR = re.compile(r"^step-(\d{8})$")
+TMP_DIR = re.compile(r"^step-(\d{8})\.tmp(-.*)?$")
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _key(l: Local) -> str:
+    return f"{l.name}|{l.tp.index if l.tp is not None else '-'}|{l.flat[0]}"
+
+
+@dataclass
+class Snapshot:
+    """What one rank saves of one step: tensors by key, the manifest rows for them, and the
+    manifest's fields (`meta`: layout, config, scaler, optimizer_step)."""
+
+    step: int
+    rank: int
+    world: int
+    tensors: dict[str, torch.Tensor]
+    rows: list[dict]
+    meta: dict
+    token: str
+    keep: int | None
+
+
+def snapshot(step: int, rank: int, world: int, locals_: list[Local], rng: dict[str, torch.Tensor], meta: dict,
+             token: str, keep: int | None, copy: bool) -> Snapshot:
+    """This rank's save of `step`; `copy`: take the tensors' values now (an asynchronous save: the
+    step goes on changing the originals), else keep views (written before training goes on)."""
+    take = (lambda t: t.detach().clone()) if copy else (lambda t: t.detach().contiguous())
+    tensors = {_key(l): take(l.tensor) for l in locals_}
+    tensors.update({f"rng/{k}": v.clone() for k, v in rng.items()})
+    rows = [{"name": l.name, "shape": list(l.shape), "dtype": str(l.tensor.dtype).removeprefix("torch."),
+             "key": _key(l), "flat": list(l.flat), "tp": None if l.tp is None else dataclasses.asdict(l.tp)}
+            for l in locals_]
+    return Snapshot(step, rank, world, tensors, rows, meta, token, keep)
+
+
+def tmp_dir(root: str, step: int, token: str) -> str:
+    return os.path.join(root, f"{step_dir(step)}.tmp-{token}")
+
+
+def _write_json(path: str, data) -> None:
+    """`data` as JSON at `path`, whole or not at all (written beside it, fsynced, renamed)."""
+    part = path + ".part"
+    with open(part, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)
+
+
+def write(root: str, snap: Snapshot, wait_s: float = 600.0) -> str | None:
+    """Steps 2-3 of the module doc for `snap`; returns the checkpoint's path on rank 0."""
+    from safetensors.torch import save_file
+    tmp = tmp_dir(root, snap.step, snap.token)
+    os.makedirs(tmp, exist_ok=True)
+    shard = os.path.join(tmp, rank_file(snap.rank))
+    save_file(snap.tensors, shard)
+    with open(shard, "rb") as f:
+        os.fsync(f.fileno())
+    _write_json(os.path.join(tmp, marker(snap.rank)), snap.rows)
+    if snap.rank != 0:
+        return None
+    written = [(r, _wait_marker(tmp, r, wait_s)) for r in range(snap.world)]
+    return publish(root, snap, build_manifest(snap.step, written=written, **snap.meta))
+
+
+def marker(rank: int) -> str:
+    return f"rank-{rank:05d}.json"
+
+
+def _wait_marker(tmp: str, rank: int, wait_s: float) -> list[dict]:
+    path, deadline = os.path.join(tmp, marker(rank)), time.monotonic() + wait_s
+    while not os.path.isfile(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"checkpoint {tmp}: rank {rank} did not finish writing its shard within {wait_s:g} s")
+        time.sleep(0.01)
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def build_manifest(step: int, layout: dict, config: dict, scaler: dict, optimizer_step: int,
+                   written: list[tuple[int, list[dict]]]) -> Manifest:
+    """The manifest of the pieces `written` [(rank, its marker's rows)]."""
+    tensors: dict[str, Entry] = {}
+    rng = {}
+    for rank, rows in written:
+        rng[str(rank)] = rank_file(rank)
+        for r in rows:
+            e = tensors.setdefault(r["name"], Entry(tuple(r["shape"]), r["dtype"]))
+            tp = None if r["tp"] is None else TPSlice(**{**r["tp"], "shape": tuple(r["tp"]["shape"])})
+            e.pieces.append(Piece(file=rank_file(rank), key=r["key"], flat=tuple(r["flat"]), tp=tp))
+    return Manifest(step=step, layout=layout, config=config, tensors=dict(sorted(tensors.items())),
+                    scaler=scaler, rng=rng, optimizer_step=optimizer_step)
+
+
+def complete(root: str) -> list[str]:
+    """The complete checkpoint directories under `root`, oldest first."""
+    if not os.path.isdir(root):
+        return []
+    names = [n for n in os.listdir(root) if STEP_DIR.match(n) and os.path.isfile(os.path.join(root, n, MANIFEST))]
+    return sorted(names)
+
+
+def publish(root: str, snap: Snapshot, manifest: Manifest) -> str:
+    """Rank 0, once every shard is on disk: the manifest, the rename, `latest`, the clean-up."""
+    tmp = tmp_dir(root, snap.step, snap.token)
+    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+        f.write(manifest.to_json())
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+    final = os.path.join(root, step_dir(snap.step))
+    if os.path.exists(final):                        # a run resumed before this step saves it again
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_dir(root)
+    pointer = os.path.join(root, LATEST + ".tmp")
+    with open(pointer, "w", encoding="utf-8") as f:
+        f.write(step_dir(snap.step) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(pointer, os.path.join(root, LATEST))
+    fsync_dir(root)
+    for name in os.listdir(root):                    # saves of this step or earlier that died
+        m = TMP_DIR.match(name)
+        if m and int(m.group(1)) <= snap.step:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    if snap.keep is not None:
+        for name in complete(root)[:-snap.keep]:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return final

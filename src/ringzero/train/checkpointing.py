@@ -1,0 +1,176 @@
+"""A trainer's checkpoints: what it saves besides its tensors, and how a run starts from one.
+
+Saved with the tensors (`ringzero.checkpoint`): the step (the data position: a step's batch is a
+function of the step), the optimizer's step count, the fp16 loss scaler, every rank's RNG states
+(the default generator and tensor parallelism's tracked ones), the layout and the configuration.
+A run resumed in the same layout restores the RNG states too, so it continues bit for bit; in
+another layout the RNG streams are per rank and cannot carry over (dropout then draws anew).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint.load import Reader, fill, fill_weights, resolve
+from ..checkpoint.manifest import CheckpointError
+from ..checkpoint.save import snapshot, write
+from ..checkpoint.state import optimizer_states, pieces
+
+
+def layout(trainer) -> dict:
+    c, t = trainer.cfg, trainer.topo
+    return {"world": t.world, "dp": t.dp, "tp": t.tp, "pp": t.pp, "strategy": c.strategy,
+            "precision": c.precision, "virtual_stages": c.virtual_stages, "sequence_parallel": c.sequence_parallel,
+            "offload_optimizer": c.offload_optimizer}
+
+
+def _rng(trainer) -> dict[str, torch.Tensor]:
+    out = {"torch": torch.get_rng_state()}
+    tracker = trainer.tp.rng
+    if tracker is not None:
+        out.update({f"tp.{k}": v.clone() for k, v in tracker.states.items()})
+    return out
+
+
+def _scaler(trainer) -> dict:
+    s = trainer.scaler
+    return {k: getattr(s, k) for k in ("scale", "good_steps", "skipped") if hasattr(s, k)}
+
+
+class Saver:
+    """The run's checkpoint writer (`checkpoint.save`): synchronous, or with `cfg.async_save` one
+    save at a time on a background thread while training goes on. `blocked_s`: what each save
+    cost the step (the copy to host memory, and waiting for the previous save when it had not
+    finished); `write_s`: each save's own writing time."""
+
+    def __init__(self, trainer) -> None:
+        self.cfg, self.topo = trainer.cfg, trainer.topo
+        self.token = _token(self.topo)
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+        self.blocked_s: list[float] = []
+        self.write_s: list[float] = []
+
+    def save(self, trainer, step: int) -> str | None:
+        """Save the state after `step` completed steps; returns the path on rank 0 once it is
+        complete (synchronous saves), else None."""
+        c, t = self.cfg, self.topo
+        t0 = time.perf_counter()
+        self.wait()
+        meta = {"layout": layout(trainer), "config": dataclasses.asdict(c), "scaler": _scaler(trainer),
+                "optimizer_step": trainer.opt.t}
+        snap = snapshot(step, t.rank, t.world, pieces(trainer.strategy, t, trainer.opt, writing=True),
+                        _rng(trainer), meta, self.token, c.keep, copy=c.async_save)
+        if c.async_save:
+            self.thread = threading.Thread(target=self._write, args=(snap,), name="ringzero-checkpoint", daemon=True)
+            self.thread.start()
+            self.blocked_s.append(time.perf_counter() - t0)
+            return None
+        path = self._write(snap)
+        if t.world > 1:
+            dist.barrier(group=t.grid_group)       # everyone returns once rank 0 has published it
+        self.blocked_s.append(time.perf_counter() - t0)
+        self.error, error = None, self.error
+        if error is not None:
+            raise error
+        return path
+
+    def _write(self, snap) -> str | None:
+        t0 = time.perf_counter()
+        try:
+            return write(self.cfg.save_dir, snap)
+        except BaseException as exc:  # noqa: BLE001 - raised on the training thread at the next save
+            self.error = exc
+        finally:
+            self.write_s.append(time.perf_counter() - t0)
+        return None
+
+    def wait(self) -> None:
+        """Wait for the save in flight; raise its error."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        self.error, error = None, self.error
+        if error is not None:
+            raise error
+
+    def summary(self) -> dict:
+        return {"saves": len(self.blocked_s), "blocked_s": list(self.blocked_s), "write_s": list(self.write_s),
+                "async": self.cfg.async_save}
+
+
+def _token(topo) -> str:
+    """A name for this run's temporary checkpoint directories, the same on every rank."""
+    box = [secrets.token_hex(4)]
+    if topo.world > 1:
+        src = 0 if topo.grid_group is None else dist.get_global_rank(topo.grid_group, 0)
+        dist.broadcast_object_list(box, src=src, group=topo.grid_group)
+    return box[0]
+
+
+def save_checkpoint(trainer, step: int) -> str | None:
+    """Save the state after `step` completed steps under `cfg.save_dir` (every rank calls it)."""
+    if getattr(trainer, "saver", None) is None:
+        trainer.saver = Saver(trainer)
+    return trainer.saver.save(trainer, step)
+
+
+def due(cfg, done: int) -> bool:
+    """Whether to save after `done` steps."""
+    return cfg.save_dir is not None and (done == cfg.steps or (cfg.save_every is not None and done % cfg.save_every == 0))
+
+
+@torch.no_grad()
+def load_checkpoint(trainer, path: str) -> int:
+    """Load checkpoint `path` (a checkpoint or a save_dir) into `trainer`, whatever layout saved it;
+    returns the step to continue from."""
+    reader = Reader(resolve(path))
+    m = reader.manifest
+    if m.step >= trainer.cfg.steps:
+        raise CheckpointError(f"the checkpoint {reader.directory} is at step {m.step}, not before steps "
+                              f"{trainer.cfg.steps}: nothing is left to run")
+    _load(trainer, lambda locals_: fill(reader, locals_))
+    trainer.opt.t = m.optimizer_step
+    for k, v in m.scaler.items():
+        if hasattr(trainer.scaler, k):
+            setattr(trainer.scaler, k, type(getattr(trainer.scaler, k))(v))
+    if m.layout == layout(trainer):
+        _restore_rng(trainer, reader.rng(trainer.topo.rank))
+    return m.step
+
+
+@torch.no_grad()
+def init_weights(trainer, path: str) -> None:
+    """Take the weights from a consolidated safetensors file (`ringzero checkpoint consolidate`), in
+    any layout; the optimizer starts afresh."""
+    _load(trainer, lambda locals_: fill_weights(path, [l for l in locals_ if not l.name.startswith("exp_avg")]))
+
+
+def _load(trainer, filler) -> None:
+    """`filler(pieces)` sets this rank's pieces; then what the optimizer and strategy derive from them."""
+    opt = trainer.opt
+    states = optimizer_states(opt)
+    filler(pieces(trainer.strategy, trainer.topo, opt, writing=False, states=states))
+    if not opt.mixed:                      # fp32: the master is the weights (a separate copy when offloaded)
+        for w, master in zip(trainer.strategy.owned_weights(), states["master"]):
+            if master.data_ptr() != w.data_ptr():
+                master.copy_(w)
+    if hasattr(opt, "write_state"):
+        opt.write_state(states["master"], states["exp_avg"], states["exp_avg_sq"])
+    trainer.strategy.after_step()          # ZeRO-1/2: every rank's full weights from the loaded shards
+
+
+def _restore_rng(trainer, saved: dict[str, torch.Tensor]) -> None:
+    if "torch" in saved:
+        torch.set_rng_state(saved["torch"])
+    tracker = trainer.tp.rng
+    if tracker is not None:
+        for k in tracker.states:
+            if f"tp.{k}" in saved:
+                tracker.states[k] = saved[f"tp.{k}"].clone()

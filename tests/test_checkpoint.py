@@ -1,0 +1,124 @@
+"""Checkpoints: a run resumed from step k equals the run never stopped, bit for bit, in every
+layout; a checkpoint loads into any other layout and world size with every tensor equal; the
+directory is complete or absent, never half-written."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from ringzero.checkpoint.load import Reader, resolve
+from ringzero.checkpoint.manifest import CheckpointError, read
+from ringzero.train import checkpointing
+from ringzero.train.config import TrainConfig
+from ringzero.train.engine import Trainer, train_rank
+
+BASE = dict(model="nano", seq=16, eval_every=1000, eval_batches=1, max_bytes=1 << 15, steps=6, warmup=2)
+
+
+def _train(group, cfg):
+    return train_rank(cfg, group=group, keep_params=True, calibrate=False)
+
+
+LAYOUTS = {
+    "dp": dict(strategy="dp"),
+    "zero1": dict(strategy="zero1"),
+    "zero2-bf16": dict(strategy="zero2", precision="bf16"),
+    "zero3": dict(strategy="zero3"),
+    "tp2": dict(strategy="dp", tp=2),
+    "pp2": dict(strategy="dp", pp=2, grad_accum=2),
+    "zero2-cpu-offload": dict(strategy="zero2", offload_optimizer="cpu"),
+    "zero1-async-save": dict(strategy="zero1", async_save=True),
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_a_resumed_run_equals_the_run_never_stopped(pool, tmp_path, name):
+    opts = dict(BASE, micro_batch=2, **LAYOUTS[name])
+    whole = pool.run(_train, TrainConfig(save_dir=str(tmp_path), save_every=3, **opts), world=2)
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step-00000003", "step-00000006"]
+    assert whole[0].checkpoint["saves"] == 2 and len(whole[1].checkpoint["write_s"]) == 2
+    opts.pop("async_save", None)
+    resumed = pool.run(_train, TrainConfig(resume=str(tmp_path / "step-00000003"), **opts), world=2)
+    for a, b in zip(whole, resumed):
+        assert b.losses == a.losses[3:]                         # bit for bit
+        assert b.params.keys() == a.params.keys()
+        for k in a.params:
+            assert b.params[k] == a.params[k], k
+
+
+def _reload(group, cfg, out):
+    """Build `cfg`'s trainer (loading cfg.resume in this layout) and save it again, unchanged."""
+    import torch.distributed as dist
+    from ringzero.parallel.topology import Topology
+    world = dist.get_world_size(group)
+    p = cfg.placement(world)
+    topo = Topology.data_parallel(group) if p.tp == 1 and p.pp == 1 else Topology.build(p, group)
+    t = Trainer(cfg, topo)
+    t.cfg = TrainConfig(**{**vars(cfg), "save_dir": out, "resume": None})
+    path = checkpointing.save_checkpoint(t, t.start)
+    t.close()
+    return path
+
+
+def _tensors(path):
+    r = Reader(path)
+    return {name: r.tensor(name) for name in r.manifest.tensors}
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_loads_into_any_layout_with_every_tensor_equal(pool, tmp_path):
+    """zero3 on 4 ranks -> zero2 on 2 -> dp on 3 -> tp 2 x dp 2 -> pp 2 x dp 1 (bf16 then fp32):
+    after each load the weights and Adam's states, assembled, equal the first checkpoint's."""
+    first = dict(BASE, strategy="zero3", micro_batch=3, precision="bf16")
+    pool.run(_train, TrainConfig(save_dir=str(tmp_path / "a"), save_every=2, **first), world=4)
+    src = str(tmp_path / "a" / "step-00000002")
+    want = _tensors(src)
+    chain = [(dict(strategy="zero2", micro_batch=6, precision="bf16"), 2),
+             (dict(strategy="dp", micro_batch=4, precision="bf16"), 3),
+             (dict(strategy="zero1", tp=2, micro_batch=6, precision="bf16"), 4),
+             (dict(strategy="dp", pp=2, micro_batch=3, grad_accum=4, precision="fp32"), 2)]
+    for i, (layout, world) in enumerate(chain):
+        out = str(tmp_path / f"b{i}")
+        cfg = TrainConfig(resume=src, **dict(BASE, **layout))
+        (path, *_) = pool.run(_reload, cfg, out, world=world)
+        got = _tensors(path)
+        if layout["precision"] == "fp32":        # the bf16 weights become their fp32 masters
+            want = {k.replace("master/", "param/"): v for k, v in want.items() if not k.startswith("param/")}
+        assert got.keys() == want.keys(), (layout, sorted(set(got) ^ set(want)))
+        for k in want:
+            assert torch.equal(got[k], want[k]), (layout, k)
+        src = path
+
+
+@pytest.mark.timeout(300)
+def test_resharded_training_continues_as_the_original(pool, tmp_path):
+    """zero3 on 4 ranks saved at step 3, resumed as zero2 on 2 and as tp 2 x dp 2: the next
+    steps' losses equal the unresharded run's within 1e-6 (fp32)."""
+    first = dict(BASE, strategy="zero3", micro_batch=3)
+    whole = pool.run(_train, TrainConfig(save_dir=str(tmp_path), save_every=3, **first), world=4)
+    for layout, world in ((dict(strategy="zero2", micro_batch=6), 2), (dict(strategy="zero1", tp=2, micro_batch=6), 4)):
+        again = pool.run(_train, TrainConfig(resume=str(tmp_path / "step-00000003"), **dict(BASE, **layout)),
+                         world=world)
+        assert again[0].losses == pytest.approx(whole[0].losses[3:], rel=1e-6), layout
+
+
+def test_a_manifest_cannot_name_files_outside_its_directory(tmp_path):
+    d = tmp_path / "step-00000001"
+    d.mkdir()
+    text = ('{"format": "ringzero.checkpoint/1", "step": 1, "layout": {}, "config": {}, "tensors": '
+            '{"param/w": {"shape": [2], "dtype": "float32", "pieces": [{"file": "../../etc/passwd", '
+            '"key": "k", "flat": [0, 2], "tp": null}]}}}')
+    (d / "manifest.json").write_text(text)
+    with pytest.raises(CheckpointError, match="outside its directory"):
+        read(str(d))
+
+
+def test_incomplete_checkpoints_are_never_loaded(tmp_path):
+    (tmp_path / "step-00000004.tmp").mkdir()                 # a save that died before its rename
+    (tmp_path / "step-00000002").mkdir()                     # renamed but without a manifest: never
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        resolve(str(tmp_path))
