@@ -10,6 +10,7 @@ each failure is one line naming the rank.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,9 +18,10 @@ import sys
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
-from ringzero import launch, watchdog
+from ringzero import comm, launch, watchdog
 from ringzero.watchdog import WatchdogPolicy, beacon
 
 QUICK = ["--seq", "16", "--micro-batch", "1", "--max-bytes", "65536", "--eval-every", "1000"]
@@ -35,7 +37,7 @@ def _steps(freeze_rank: int | None, freeze_at: int, how: str, steps: int = 50):
                 os.kill(os.getpid(), signal.SIGSTOP)
             else:
                 time.sleep(3600)                     # alive (heartbeat ticks) but never arrives
-        dist.barrier()
+        comm.all_reduce(torch.ones(1), algorithm="ring")     # a recorded collective (comm.flight)
         beacon().step_done(k + 1)
         time.sleep(0.05)
     beacon().finished()
@@ -57,6 +59,11 @@ def test_a_deadlock_is_stopped_and_says_every_rank_is_alive():
         launch.spawn(_steps, 2, (1, 3, "sleep"), timeout=100, watch=FAST_WATCH)
     msg = err.value.summary
     assert "ranks [0, 1] did not complete step 4" in msg and "all are alive" in msg, msg
+    # The flight recorders say where: rank 0 waits in the 4th all-reduce, which rank 1 never began.
+    assert "all_reduce #3 (" in msg and "4 bytes) on ranks [0, 1]: ranks [0] waited in it, rank 1 (its last " \
+           "there: #2) never arrived" in msg, msg
+    dump = json.loads(open(msg.rsplit(": ", 1)[1]).read())
+    assert [c["seq"] for c in dump["0"]][-2:] == [2, 3] and dump["0"][-1]["end"] is None
 
 
 @pytest.mark.timeout(120)

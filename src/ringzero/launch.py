@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from . import allocator, rank_io, watchdog
-from .comm import link_emulator
+from .comm import flight_watch, link_emulator
 from .rank_io import in_torchrun  # noqa: F401  (part of this module's API)
 from .watchdog import Watchdog, WatchdogPolicy
 
@@ -90,6 +90,7 @@ def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float,
     store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     init_process_group(rank, world, store, "gloo", timeout_s)
+    flight_watch.start(store, rank)              # what this rank waits in, for the parent's stall report
 
 
 def _worker(rank, world, port, threads, timeout_s, fn, args, results, ties=None) -> None:
@@ -188,7 +189,7 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
             with _children_ignore_sigint():
                 for p in procs:
                     p.start()
-            return collect(procs, results, nproc, timeout, watchdog=dog, tails=forwarder.tail)
+            return collect(procs, results, nproc, timeout, watchdog=dog, tails=forwarder.tail, store=store)
         finally:
             stop_all(procs)
             forwarder.close()
@@ -196,10 +197,11 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
 
 
 def collect(procs, results, nproc: int, timeout: float, ranks=None, watchdog: Watchdog | None = None,
-            tails=None) -> list:
+            tails=None, store=None) -> list:
     """Wait for one result per rank; fail fast on the first error, death, stall or the timeout.
 
-    `tails(rank)` (optional) gives a rank's last stderr lines for the error.
+    `tails(rank)` (optional) gives a rank's last stderr lines for the error; `store` (optional,
+    the job's) the ranks' flight recorders, to name the collective a stalled job hangs in.
     """
     ranks = list(range(nproc)) if ranks is None else list(ranks)
     out: dict[int, object] = {}
@@ -222,7 +224,8 @@ def collect(procs, results, nproc: int, timeout: float, ranks=None, watchdog: Wa
                 raise fail(f"timed out after {timeout:.0f}s; ranks {pending} had not finished", None)
             stalled = watchdog.check(procs, pending) if watchdog is not None else None
             if stalled:
-                raise fail(*stalled)
+                where = flight_watch.diagnose(store, ranks) if store is not None else ""
+                raise fail(stalled[0] + (f"; {where}" if where else ""), stalled[1])
             continue
         if status == "err":
             summary, r, details = _root_cause(procs, results, ranks, out, rank, value)

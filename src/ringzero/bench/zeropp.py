@@ -27,7 +27,7 @@ cross-node twin in `plan.links` (auto may pick one that has none)."""
 
 def build(args) -> tuple[TrainConfig, TrainConfig]:
     """(ZeRO-3, ZeRO-3 with ZeRO++) from the command line; one-line ValueError when a value is wrong."""
-    from ..commands.train import inter_node_link
+    from ..commands.train_args import inter_node_link
     from ..train import zero_options
     if args.strategy != "zero3":
         raise ValueError(f"--strategy {args.strategy!r}: ZeRO++ is compared with its base, zero3")

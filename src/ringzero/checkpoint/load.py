@@ -17,25 +17,19 @@ import os
 import torch
 
 from .manifest import CheckpointError, Manifest, Piece, read
-from .save import LATEST, STEP_DIR, complete
+from .save import complete
 from .slices import assemble, piece_of
 from .state import Local
 
 
 def resolve(path: str) -> str:
-    """The checkpoint directory `path` names: itself when it holds a manifest, else the root's
-    `latest` (or, when `latest` is missing or points at an incomplete one, its newest complete
-    checkpoint). CheckpointError when there is none."""
+    """The checkpoint directory `path` names: itself when it holds a manifest, else the newest
+    complete checkpoint under it (a save that died after its rename but before `latest` was
+    replaced still counts: `latest` is for people and tools). CheckpointError when there is none."""
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
     if os.path.isfile(os.path.join(path, "manifest.json")):
         return path
-    pointer = os.path.join(path, LATEST)
-    if os.path.isfile(pointer):
-        with open(pointer, encoding="utf-8") as f:
-            name = f.read().strip()
-        if STEP_DIR.match(name) and os.path.isfile(os.path.join(path, name, "manifest.json")):
-            return os.path.join(path, name)
     found = complete(path)
     if not found:
         raise CheckpointError(f"{path!r} holds no complete checkpoint (no step-NNNNNNNN/ with a manifest)")

@@ -28,6 +28,7 @@ from ..rank_io import in_torchrun
 from ..train.config import STRATEGIES, TrainConfig, choices
 from ..train.deepspeed import from_deepspeed
 from ..watchdog import WatchdogPolicy
+from . import train_args
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
@@ -35,7 +36,7 @@ FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recom
          "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
          "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits",
          "offload_optimizer", "offload_params", "nvme_path", "offload_buffers", "servers", "ps_mode",
-         "staleness", "save_dir", "save_every", "keep", "init_from")
+         "staleness", "save_dir", "save_every", "keep", "init_from", "max_nonfinite", "max_restarts")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,6 +81,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "would (needs --ranks-per-node)")
     p.add_argument("--straggler", metavar="RANK:FACTOR", default=None,
                    help="slow this worker's compute by FACTOR >= 1 (a sleep of the difference: no CPU)")
+    p.add_argument("--inject-nonfinite", metavar="RANK:STEP", default=None,
+                   help="put an inf into that rank's gradient at that step (a fault, to see it handled)")
+    p.add_argument("--inject-kill", metavar="RANK:STEP", default=None,
+                   help="that rank kills itself (SIGKILL) as that step begins, once (to see --max-restarts work)")
     p.add_argument("--async-save", action="store_true", default=None,
                    help="write checkpoints on a background thread (the step waits only for the copy)")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR",
@@ -90,56 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "recommends for this model on these ranks")
 
 
-def _pipeline_cost(text: str | None) -> tuple[float, float] | None:
-    if text is None:
-        return None
-    try:
-        fwd, bwd = (float(x) / 1e3 for x in text.split(","))
-    except ValueError:
-        raise ValueError(f"--pipeline-cost {text!r}: give forward and backward milliseconds, e.g. 20,40") from None
-    return fwd, bwd
-
-
-def inter_node_link(text: str) -> tuple[float, float]:
-    """'GBPS[,LATENCY_US]' -> (GB/s, µs), or a one-line error."""
-    try:
-        parts = [float(x) for x in text.split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or not all(math.isfinite(x) for x in parts) or parts[0] <= 0 or min(parts) < 0:
-        raise ValueError(f"--emulate-inter-node {text!r}: give GB/s > 0 and optionally latency µs >= 0, e.g. 1 or 1,20")
-    return parts[0], parts[1] if len(parts) == 2 else 0.0
-
-
-def straggler(text: str) -> tuple[int, float]:
-    """--straggler RANK:FACTOR, e.g. 1:2 (rank 1 computes twice as long)."""
-    try:
-        rank, factor = text.split(":")
-        return int(rank), float(factor)
-    except ValueError:
-        raise ValueError(f"--straggler {text!r}: give RANK:FACTOR, a worker rank and a factor >= 1, "
-                         "e.g. 1:2") from None
-
-
 def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
-    given = {k: getattr(args, k) for k in FLAGS + ("sequence_parallel", "async_save") if getattr(args, k, None) is not None}
-    cost = _pipeline_cost(getattr(args, "pipeline_cost", None))
-    if cost is not None:
-        given["pipeline_cost"] = cost
-    if getattr(args, "zeropp", None) is not None:
-        given["zeropp"] = tuple(o.strip() for o in args.zeropp.split(",") if o.strip())
-    if getattr(args, "emulate_inter_node", None) is not None:
-        given["emulate_inter_node"] = inter_node_link(args.emulate_inter_node)
-    if getattr(args, "straggler", None) is not None:
-        given["straggler"] = straggler(args.straggler)
-    if getattr(args, "resume", None) is not None:
-        given["resume"] = args.resume or args.save_dir
-        if not given["resume"]:
-            raise ValueError("--resume without a folder resumes --save-dir's latest checkpoint: give --save-dir "
-                             "or --resume DIR")
-    cfg = from_deepspeed(args.config, world, **given) if args.config else TrainConfig(**given)
+    fields = train_args.given(args, FLAGS)
+    cfg = from_deepspeed(args.config, world, **fields) if args.config else TrainConfig(**fields)
     if getattr(args, "layout", None) == "auto":
-        cfg = auto_layout(cfg, world, given)
+        cfg = auto_layout(cfg, world, fields)
     return cfg
 
 
@@ -208,6 +168,9 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     else:
         ps_options.check_world(cfg, world)          # a straggler's rank
         cfg.placement(world)                       # tp and dp against the world
+    for flag, inj in (("--inject-nonfinite", cfg.inject_nonfinite), ("--inject-kill", cfg.inject_kill)):
+        if inj is not None and inj[0] >= world:
+            raise ValueError(f"{flag} rank {inj[0]} is not one of the {world} ranks")
     zero_options.zeropp(cfg, world)                # ZeRO++'s blocks against the dp ranks
     if cfg.strategy == "single" and world != 1:
         raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
@@ -263,16 +226,36 @@ def run(args: argparse.Namespace) -> int:
     if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
         print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback) for "
               f"{cfg.steps} steps", file=sys.stderr, flush=True)
-    from .. import launch
-    # The engine keeps its tensors on the CPU, so under torchrun too its collectives run on gloo.
-    results = launch.run(_rank_main, world, args=(cfg, args.quiet, torchrun, args.checks),
-                         timeout=args.timeout, watch=job.watch, backend="gloo")
+    results = _run_with_restarts(cfg, world, args, torchrun, job.watch)
     if torchrun:
         if int(os.environ["RANK"]):
             return 0
         results = results if isinstance(results, list) else [results]
     _report(cfg, world, results, args.json_report, args.pipeline_plot)
     return 0
+
+
+def _run_with_restarts(cfg: TrainConfig, world: int, args, torchrun: bool, watch) -> list:
+    """Run the job; when a rank fails and restarts are left, run it again from the latest complete
+    checkpoint under --save-dir (from the start if there is none yet), without injected faults."""
+    from .. import launch
+    from ..checkpoint.save import complete
+    attempt = cfg
+    for restart in range(cfg.max_restarts + 1):
+        try:
+            # The engine keeps its tensors on the CPU, so under torchrun too its collectives run on gloo.
+            return launch.run(_rank_main, world, args=(attempt, args.quiet, torchrun, args.checks),
+                              timeout=args.timeout, watch=watch, backend="gloo")
+        except launch.RankError as exc:
+            if restart == cfg.max_restarts or torchrun:
+                raise
+            done = complete(cfg.save_dir)
+            start = os.path.join(cfg.save_dir, done[-1]) if done else cfg.resume
+            print(f"ringzero: {exc.summary}; restart {restart + 1} of {cfg.max_restarts} from "
+                  f"{start or 'the start'}", file=sys.stderr, flush=True)
+            attempt = dataclasses.replace(cfg, resume=start, init_from=None if start else cfg.init_from,
+                                          inject_kill=None, inject_nonfinite=None)
+    raise AssertionError("unreachable")
 
 
 def _saves(results: list, console) -> None:

@@ -60,6 +60,11 @@ class FlatStrategy:
         self.queue = CommQueue() if queue is None else queue
         self.group = topology.group
         self.sync = True
+        self.nonfinite = False
+        """Whether a gradient bucket this rank reduced held an inf or a NaN before reduction (since
+        `zero_grad`): where a non-finite step came from."""
+        self.poison = False
+        """Put an inf into the next bucket reduced (a fault injected on purpose, then cleared)."""
         shards, index = (topology.dp, topology.dp_rank) if self.schedule.shard_optimizer else (1, 0)
         params, root = self._buckets()
         self.groups = [FlatGroup(FlatBucket(ps, shards, index), i, root=i == root) for i, ps in enumerate(params)]
@@ -115,7 +120,18 @@ class FlatStrategy:
     def _bucket_done(self, g: FlatGroup) -> None:
         """Bucket g has every gradient of this backward: reduce it when the schedule says so."""
         if self.sync or self.schedule.reduces_every_micro_batch:
-            self.queue.submit(self._reduce, g)
+            self.queue.submit(self._checked_reduce, g)
+
+    def _checked_reduce(self, g: FlatGroup) -> None:
+        """`_reduce`, after noting whether this rank's own gradient is finite: one fp32 sum over the
+        bucket (non-finite exactly when an element is, short of an fp32 overflow of the sum)."""
+        if g.grad_flat is not None:
+            if self.poison:
+                g.grad_flat[0] = float("inf")
+                self.poison = False
+            if not torch.isfinite(torch.sum(g.grad_flat, dtype=torch.float32)):
+                self.nonfinite = True
+        self._reduce(g)
 
     def _reduce(self, g: FlatGroup) -> None:
         raise NotImplementedError
@@ -141,7 +157,7 @@ class FlatStrategy:
         stage's chunks end their backwards at different times, so the dp reduction follows the
         pipeline's flush, as in Megatron-LM), then reset the arrival bookkeeping."""
         for g in self.groups:
-            self.queue.submit(self._reduce, g)
+            self.queue.submit(self._checked_reduce, g)
         self.finish_backward()
 
     def unreduced_grad(self, p: nn.Parameter) -> torch.Tensor:
@@ -172,6 +188,7 @@ class FlatStrategy:
         return reduce
 
     def zero_grad(self) -> None:
+        self.nonfinite = False
         for g in self.groups:
             g.zero_grad()
 

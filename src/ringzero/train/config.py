@@ -14,7 +14,7 @@ from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
-from . import checkpoint_options, ps_options, zero_options
+from . import checkpoint_options, nonfinite, ps_options, zero_options
 
 STRATEGIES = ("single", *sharding.STRATEGIES, "ps")
 """`plan.sharding`'s data-parallel strategies, "single": DP on one rank, and "ps": a parameter
@@ -155,6 +155,17 @@ class TrainConfig:
     """Write checkpoints on a background thread: the step waits only for the copy to host memory."""
     resume: str | None = None
     """A checkpoint (its folder, or a save_dir: its latest) to continue from, in any layout."""
+    inject_nonfinite: tuple[int, int] | None = None
+    """(rank, step): put an inf into that rank's gradient at that step (a fault, on purpose)."""
+    inject_kill: tuple[int, int] | None = None
+    """(rank, step): that rank kills itself (SIGKILL) as that step begins (a fault, on purpose; once:
+    a restarted job runs without it)."""
+    max_restarts: int = 0
+    """Restart the whole job from the latest checkpoint under save_dir when a rank fails, at most this
+    many times (torchrun's elastic agent does the same)."""
+    max_nonfinite: int = 3
+    """Stop after this many steps in a row whose gradients were not finite (bf16, fp32; fp16 backs
+    its loss scale off instead)."""
     init_from: str | None = None
     """A consolidated safetensors file (`ringzero checkpoint consolidate`) to take the weights from."""
 
@@ -181,6 +192,7 @@ class TrainConfig:
         zero_options.check(self)
         ps_options.check(self)
         checkpoint_options.check(self)
+        nonfinite.check(self)
 
     def _check_pipeline(self) -> None:
         _check(self, "pp", lambda v: v >= 1, "must be >= 1", integer=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -39,64 +38,15 @@ from .config import TrainConfig
 from .data import ByteData, load_bytes
 from .model import GPT, AttentionCore
 from .probe import Prober, median_rates, probe_steps
+from .result import RankResult
 from .pipeline_schedule import PipelineSchedule
 from .step_schedule import GradAccumulation, StepHooks
+from .nonfinite import NonFinite
 from .straggler import straggle
 
 MEASURE_STEP = 1
 """The step whose traffic and saved activations are measured (step 0 warms up; a one-step run
 measures step 0)."""
-
-
-@dataclass
-class RankResult:
-    """What one rank measured (plain data: it crosses process boundaries)."""
-
-    rank: int
-    losses: list[float] = field(default_factory=list)
-    val: list[tuple[int, float]] = field(default_factory=list)
-    val_at_s: list[float] = field(default_factory=list)
-    """Seconds since the run began when each validation loss was taken (its wall-clock axis)."""
-    held: dict[str, int] = field(default_factory=dict)
-    activations: int = 0
-    traffic: dict = field(default_factory=dict)
-    calls: list[flight.Timeline] = field(default_factory=list)
-    """Every collective of each step (`comm.flight`; the steady steps once the run ends)."""
-    phases: dict[str, float] = field(default_factory=dict)
-    step_time: float = 0.0
-    step_times: list[float] = field(default_factory=list)
-    """Seconds of every steady step (warm-up excluded); `step_time` is their median."""
-    skipped: int = 0
-    """Steps skipped so far for an fp16 overflow."""
-    loss_scale: float = 1.0
-    """The fp16 loss scale after the latest step (1 otherwise)."""
-    params: dict[str, list[float]] | None = None
-    buckets: list[tuple[int, bool]] = field(default_factory=list)
-    sp_elements: int | None = None
-    """Sequence parallelism: this rank's share of the LayerNorm and bias gradients it sums over tp
-    (from the bucket layout, as `buckets`); None otherwise."""
-    probe: dict = field(default_factory=dict)
-    """The rates the step-time prediction uses: the median over `probes` (`probe.median_rates`)."""
-    probes: list[dict] = field(default_factory=list)
-    """Every probe point: {"step", "at_s" (seconds since the run began), rates, "cost_s",
-    "warmup_s"} (`probe.Prober.__call__`)."""
-    stage: int = 0
-    """This rank's pipeline stage."""
-    timelines: list[list[tuple]] = field(default_factory=list)
-    """A pipeline stage's steady steps: per step its (kind, micro, local chunk, start, end)."""
-    inflight: int = 0
-    """A pipeline stage: the most chunk micro-batches it held at once (measured step)."""
-    checkpoint: dict = field(default_factory=dict)
-    """Saves of the run (`checkpointing.Saver.summary`): seconds each blocked the step, and wrote."""
-    role: str = "worker"
-    """"worker" (every rank of a data-parallel run) or "server" (a parameter server's)."""
-    ps: dict = field(default_factory=dict)
-    """A parameter-server run: a worker's per-step "waits" and "computes"; a server's key "range",
-    "staleness" of every update, "updates", "pushes", "wait_s", "busy_s" (`ps_engine`)."""
-    offload: dict = field(default_factory=dict)
-    """Offloaded bytes at the measured step: {"optimizer", "params"} each {"device", "host", "disk"},
-    and "disk_io" {"optimizer", "params"} each {"read", "write"} of that step (the rates offloading
-    is predicted from are `probe["offload"]`, `offload_probe.measure`)."""
 
 
 class Trainer:
@@ -129,6 +79,7 @@ class Trainer:
         if cfg.init_from is not None:
             checkpointing.init_weights(self, cfg.init_from)
         self.saver = checkpointing.Saver(self) if cfg.save_dir is not None else None
+        self.nonfinite = NonFinite(cfg, topology, self.queue)
         self.measure_step = self.start + min(MEASURE_STEP, cfg.steps - self.start - 1)
 
     def _optimizer(self):
@@ -156,6 +107,7 @@ class Trainer:
         # An injected straggler sleeps before its forward (for its previous step's compute), so that
         # its peers wait for it inside this step's collectives, where a slow GPU would hold them.
         slept = straggle(c, self.topo.rank, self._last_compute)
+        self.nonfinite.before(step, st)
         t0 = time.perf_counter()
         losses = self.schedule.run(self.model, st, self._micro_batches(step), self.scaler.scale, hooks)
         self._last_compute = time.perf_counter() - t0
@@ -176,6 +128,7 @@ class Trainer:
         with hooks.phase("comm"):
             st.after_step()
         self.scaler.update(out["skipped"])
+        self.nonfinite.after(step, out["skipped"], st)
         st.zero_grad()
         ph = hooks.seconds
         ph["straggler"] = slept                  # compute, made longer on purpose (`straggle`)
@@ -267,6 +220,7 @@ class Trainer:
 
     def finish(self, res: RankResult, keep_params: bool) -> RankResult:
         """The full parameters when asked for, then release everything the run held."""
+        res.nonfinite = list(self.nonfinite.steps)
         if self.saver is not None:              # the last save is complete before the run ends
             self.saver.wait()
             res.checkpoint = self.saver.summary()

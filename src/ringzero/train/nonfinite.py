@@ -1,0 +1,87 @@
+"""Non-finite gradients: skipped steps, where they came from, and when to stop.
+
+A step whose global gradient norm is not finite is skipped on every rank (the norm is summed over
+every rank, so all of them see it: `parallel.optimizer.ShardedAdam.step`). With fp16 that is the
+loss scaler's signal to back off (Micikevicius et al. 2018 §3.2) and training goes on. With bf16 or
+fp32 there is no scale to lower: the step is counted, and after `max_nonfinite` such steps in a row
+the run stops with one line naming the step and the ranks whose own gradient was not finite
+before it was reduced (each rank checks its buckets as it reduces them: `FlatStrategy.nonfinite`).
+`inject_nonfinite` (rank, step) puts an inf into that rank's first bucket at that step, on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from .. import comm
+
+
+class NonFiniteError(RuntimeError):
+    """Too many non-finite steps in a row."""
+
+
+def check(cfg) -> None:
+    """Raise a `FieldError` for a bad `inject_nonfinite` or `max_nonfinite`."""
+    from .config import FieldError
+    m = cfg.max_nonfinite
+    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+        raise FieldError("max_nonfinite", f"max_nonfinite must be an integer >= 1, got {m!r}")
+    for name in ("inject_nonfinite", "inject_kill"):
+        inj = getattr(cfg, name)
+        if inj is not None and not (len(inj) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                          for v in inj)):
+            raise FieldError(name, f"{name} must be (rank >= 0, step >= 0), got {inj!r}")
+        if inj is not None and inj[1] >= cfg.steps:
+            raise FieldError(name, f"{name}'s step {inj[1]} is not one of the {cfg.steps} steps (0-{cfg.steps - 1})")
+    r = cfg.max_restarts
+    if not isinstance(r, int) or isinstance(r, bool) or r < 0:
+        raise FieldError("max_restarts", f"max_restarts must be an integer >= 0, got {r!r}")
+    if r and cfg.save_dir is None:
+        raise FieldError("max_restarts", "max_restarts restarts from the latest checkpoint: it needs save_dir")
+
+
+class NonFinite:
+    """A trainer's count of non-finite steps (see the module doc)."""
+
+    def __init__(self, cfg, topology, queue) -> None:
+        self.cfg, self.topo, self.queue = cfg, topology, queue
+        self.fp16 = cfg.precision == "fp16"
+        self.in_a_row = 0
+        self.steps: list[tuple[int, list[int]]] = []
+        """(step, origin ranks) of every skipped step."""
+
+    def before(self, step: int, strategy) -> None:
+        """The faults injected at the start of `step`: an inf for the gradient, or this rank's death."""
+        me = (self.topo.rank, step)
+        if self.cfg.inject_nonfinite == me:
+            strategy.poison = True
+        if self.cfg.inject_kill == me:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def after(self, step: int, skipped: bool, strategy) -> None:
+        """After `step`'s update (before the gradients are zeroed); raises NonFiniteError."""
+        if not skipped:
+            self.in_a_row = 0
+            return
+        ranks = self._origin(strategy.nonfinite)
+        self.steps.append((step, ranks))
+        if self.fp16:
+            return
+        self.in_a_row += 1
+        if self.in_a_row >= self.cfg.max_nonfinite:
+            where = (f"an inf or NaN in rank {', '.join(map(str, ranks))}'s own gradient" if ranks else
+                     "in no rank's own gradient before its reduction (tensor-parallel or pipeline traffic)")
+            raise NonFiniteError(f"gradients not finite in {self.in_a_row} step(s) in a row, the last step {step} "
+                                 f"({where}); stopping (max_nonfinite {self.cfg.max_nonfinite})")
+
+    def _origin(self, mine: bool) -> list[int]:
+        """The grid ranks whose own gradient was not finite (one all-reduce; only on skipped steps)."""
+        flags = torch.zeros(self.topo.world)
+        flags[self.topo.rank] = float(mine)
+        if self.topo.world > 1:
+            self.queue.submit(comm.all_reduce, flags, op="sum", group=self.topo.grid_group, algorithm="torch")
+            self.queue.drain()
+        return [r for r in range(self.topo.world) if flags[r] > 0]
