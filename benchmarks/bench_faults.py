@@ -30,7 +30,7 @@ QUICK = ["--seq", "32", "--micro-batch", "2", "--max-bytes", "65536", "--eval-ba
 
 def _ranks(parent: int) -> list[int]:
     """The rank processes `ringzero` started (its spawned children, in start order)."""
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(parent), "--sort=start_time"],
+    out = subprocess.run(["ps", "ww", "-o", "pid=,args=", "--ppid", str(parent), "--sort=start_time"],
                          capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line and "resource_tracker" not in line]
 
@@ -40,11 +40,12 @@ def rank_death(nproc: int, rng: random.Random) -> tuple[bool, str]:
                           *QUICK], stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 60
-        while len(_ranks(p.pid)) < nproc and time.monotonic() < deadline:
+        while len(_ranks(p.pid)) < nproc and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.1)
         ranks = _ranks(p.pid)
         if len(ranks) < nproc:
-            return False, f"only {len(ranks)} of {nproc} ranks started"
+            early = f"; it exited {p.returncode}: {p.communicate()[1][-300:]}" if p.poll() is not None else ""
+            return False, f"only {len(ranks)} of {nproc} ranks started{early}"
         time.sleep(rng.uniform(0.0, 6.0))
         victim = rng.randrange(nproc)
         os.kill(ranks[victim], signal.SIGKILL)

@@ -32,7 +32,7 @@ from ..comm import cost, registry
 from ..comm.ops import SUPPORTED_DTYPES
 from ..plan import links
 from ..plan.comm_volume import bus_factor, call_for
-from ..plan.units import parse_size
+from ..plan.units import NEGATIVE_VALUE, parse_size
 from .comm_ranks import Job, element_count, rank_main
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))
@@ -164,6 +164,9 @@ def build_job(args) -> Job:
 
 
 def add_arguments(parser) -> None:
+    # argparse reads "--sizes -4KiB" as a flag missing its value; let a negative size reach its check.
+    if hasattr(parser, "_negative_number_matcher"):
+        parser._negative_number_matcher = NEGATIVE_VALUE
     a = parser.add_argument
     a("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
     a("--collective", action="append", help="collective(s), repeatable or comma list (default: all)")

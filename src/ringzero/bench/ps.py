@@ -34,12 +34,15 @@ def add_arguments(parser) -> None:
     a("--straggler", type=float, default=2.0, help="worker 1's compute factor (default 2)")
     a("--staleness", default="1,4,16", help="SSP bounds to run, a comma list (default 1,4,16)")
     a("--target", type=float, default=None, help="validation loss to reach (default: DP's final + 2 %%)")
-    a("--plot", default="out/bench_ps.png", help="validation loss against time (default out/bench_ps.png)")
+    a("--plot", default=None, help="draw validation loss against time into this PNG")
     a("--json", default=None, help="write the rows here")
 
 
 def _modes(args) -> list[tuple[str, dict]]:
-    bounds = [int(s) for s in args.staleness.split(",") if s.strip()]
+    try:
+        bounds = [int(s) for s in args.staleness.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--staleness takes comma-separated integers >= 0, got {args.staleness!r}") from None
     servers = args.servers if args.servers is not None else max(1, args.nproc // 2)
     ps = dict(strategy="ps", servers=servers)
     return ([("dp", dict(strategy="dp")), ("sync", dict(ps)), ("async", dict(ps, ps_mode="async"))]

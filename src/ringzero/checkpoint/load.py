@@ -26,6 +26,8 @@ def resolve(path: str) -> str:
     """The checkpoint directory `path` names: itself when it holds a manifest, else the newest
     complete checkpoint under it (a save that died after its rename but before `latest` was
     replaced still counts: `latest` is for people and tools). CheckpointError when there is none."""
+    if os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path!r} is a file; give a checkpoint folder or a --save-dir")
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
     if os.path.isfile(os.path.join(path, "manifest.json")):
@@ -37,28 +39,28 @@ def resolve(path: str) -> str:
 
 
 class Reader:
-    """The pieces of checkpoint `directory`, read from its safetensors files (kept open)."""
+    """The pieces of checkpoint `directory`, read from its safetensors files. Each read opens its
+    file and closes it again: safetensors maps a file into memory, and pages of a map that stays
+    open count against the process until it is closed, so a reader of a whole checkpoint would
+    hold all of it."""
 
     def __init__(self, directory: str, manifest: Manifest | None = None) -> None:
         self.directory = directory
         self.manifest = manifest if manifest is not None else read(directory)
-        self._files: dict[str, object] = {}
 
     def _open(self, name: str):
         from safetensors import safe_open
-        if name not in self._files:
-            path = os.path.join(self.directory, name)
-            try:
-                self._files[name] = safe_open(path, framework="pt")
-            except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file
-                raise CheckpointError(f"cannot read {path}: {exc}") from None
-        return self._files[name]
+        path = os.path.join(self.directory, name)
+        try:
+            return safe_open(path, framework="pt")
+        except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file
+            raise CheckpointError(f"cannot read {path}: {exc}") from None
 
     def piece(self, p: Piece) -> torch.Tensor:
-        f = self._open(p.file)
-        if p.key not in f.keys():
-            raise CheckpointError(f"{p.file} has no tensor {p.key!r} that the manifest lists")
-        return f.get_tensor(p.key).reshape(-1)
+        with self._open(p.file) as f:
+            if p.key not in f.keys():
+                raise CheckpointError(f"{p.file} has no tensor {p.key!r} that the manifest lists")
+            return f.get_tensor(p.key).reshape(-1)
 
     def tensor(self, name: str) -> torch.Tensor:
         """Global tensor `name`, whole."""
@@ -71,8 +73,8 @@ class Reader:
         name = self.manifest.rng.get(str(rank))
         if name is None:
             return {}
-        f = self._open(name)
-        return {k.removeprefix("rng/"): f.get_tensor(k) for k in f.keys() if k.startswith("rng/")}
+        with self._open(name) as f:
+            return {k.removeprefix("rng/"): f.get_tensor(k) for k in f.keys() if k.startswith("rng/")}
 
 
 def source(m: Manifest, name: str) -> str:

@@ -150,5 +150,9 @@ def read(directory: str) -> Manifest:
             return parse(f.read())
     except FileNotFoundError:
         raise CheckpointError(f"{directory} is not a complete checkpoint: it has no {MANIFEST}") from None
+    except CheckpointError as exc:              # name the file: the error alone does not say which
+        raise CheckpointError(f"{path}: {exc}") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path} is not UTF-8 text: not a checkpoint manifest") from None
     except OSError as exc:
         raise CheckpointError(f"cannot read {path}: {exc.strerror}") from None

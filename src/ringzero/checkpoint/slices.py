@@ -36,6 +36,18 @@ def _join(slices: dict[int, torch.Tensor], tp: TPSlice, shape: tuple[int, ...]) 
     return full.narrow(tp.dim, 0, shape[tp.dim])
 
 
+def _check_cover(name: str, spans: list[tuple[int, int]], size: int) -> None:
+    """CheckpointError unless the [lo, hi) `spans` cover [0, size) (overlaps allowed)."""
+    reach = 0
+    for lo, hi in sorted(spans):
+        if lo > reach:
+            break
+        reach = max(reach, hi)
+    if reach < size:
+        raise CheckpointError(f"tensor {name!r} is incomplete: its pieces leave elements from {reach} of {size} "
+                              "uncovered")
+
+
 def assemble(name: str, entry: Entry, read: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
     """Global tensor `name` of `entry`, from its pieces (`read(piece)`: the piece's 1-D values).
     CheckpointError when its pieces do not cover it."""
@@ -49,18 +61,15 @@ def assemble(name: str, entry: Entry, read: Callable[[Piece], torch.Tensor]) -> 
     flats: dict[int | None, torch.Tensor] = {}
     for index, pieces in by_slice.items():
         size = math.prod(pieces[0].tp.shape) if index is not None else entry.numel()
+        _check_cover(name, [p.flat for p in pieces], size)
         flat = torch.empty(size, dtype=dtype)
-        covered = torch.zeros(size, dtype=torch.bool)
         for p in pieces:
             values = read(p)
             if values.numel() != p.numel():
                 raise CheckpointError(f"tensor {name!r}: {p.file}[{p.key}] holds {values.numel()} values, "
                                       f"the manifest says {p.numel()}")
             flat[p.flat[0]:p.flat[1]] = values.to(dtype)
-            covered[p.flat[0]:p.flat[1]] = True
-        if not bool(covered.all()):
-            raise CheckpointError(f"tensor {name!r} is incomplete: its pieces cover "
-                                  f"{int(covered.sum())} of {size} elements")
+            del values
         flats[index] = flat
     if None in flats:
         return flats[None].view(entry.shape)

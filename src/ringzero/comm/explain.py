@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import usage
 from ..plan.comm_volume import ROOTED, WHOLE_BUFFER, Volume, call_for, volume
-from ..plan.units import parse_size
+from ..plan.units import NEGATIVE_VALUE, parse_size
 from . import registry, symbolic
 # as_dict and render are re-exported: they were defined in this module.
 from .explain_render import ITEMSIZE, as_dict, render  # noqa: F401
@@ -176,6 +176,9 @@ def totals(collective: str, algorithm: str, world: int, nbytes: int, root: int =
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # argparse reads "--bytes -4KiB" as a flag missing its value; let a negative size reach its check.
+    if hasattr(parser, "_negative_number_matcher"):
+        parser._negative_number_matcher = NEGATIVE_VALUE
     parser.add_argument("collective", help="all-reduce, all-gather, reduce-scatter, broadcast, reduce, "
                         "gather, scatter or all-to-all ('-' or '_')")
     parser.add_argument("--algorithm", default=None,

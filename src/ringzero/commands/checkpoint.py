@@ -11,6 +11,7 @@ line, exit code 2, and no output file.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -58,21 +59,49 @@ def inspect(path: str, as_json: bool) -> None:
     c.print(t)
 
 
+def check_files(directory: str, m) -> None:
+    """CheckpointError unless every file the manifest `m` lists is in `directory`, reads as
+    safetensors and holds the tensors it names (headers only: nothing is loaded)."""
+    from safetensors import safe_open
+
+    from ..checkpoint.manifest import CheckpointError
+    keys: dict[str, set[str]] = {name: set() for name in m.files()}
+    for e in m.tensors.values():
+        for p in e.pieces:
+            keys[p.file].add(p.key)
+    for name, wanted in keys.items():
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{directory} is not a complete checkpoint: its manifest lists {name}, "
+                                  "which is missing")
+        try:
+            with safe_open(path, framework="pt") as f:
+                missing = sorted(wanted - set(f.keys()))
+        except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file
+            raise CheckpointError(f"cannot read {path}: {exc}") from None
+        if missing:
+            raise CheckpointError(f"{path} has no tensor {missing[0]!r} that the manifest lists")
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import outputs
-    from ..errors import usage
+    from ..errors import UsageError, usage
     with usage():
         from ..checkpoint.load import resolve
-        from ..checkpoint.manifest import read
+        from ..checkpoint.manifest import CheckpointError, read
         directory = resolve(args.path)
-        read(directory)
+        m = read(directory)
         if args.action == "consolidate":
+            check_files(directory, m)
             out = outputs.check(args.out, "--out")
     if args.action == "inspect":
         inspect(args.path, args.json)
         return 0
     from ..checkpoint.consolidate import consolidate
     count = []
-    outputs.write_with(out, lambda f: count.append(consolidate(directory, f, args.with_optimizer)), binary=True)
+    try:
+        outputs.write_with(out, lambda f: count.append(consolidate(directory, f, args.with_optimizer)), binary=True)
+    except CheckpointError as exc:      # a checkpoint that cannot be used (its temporary is gone): bad input
+        raise UsageError(str(exc)) from None
     print(f"wrote {args.out}: {count[0]} tensors from {directory}", file=sys.stderr)
     return 0

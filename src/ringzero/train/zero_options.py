@@ -148,7 +148,7 @@ def check_resources(cfg, world: int, say=print) -> None:
     from ..parallel.offload import OffloadConfig, check_offload
     host, disk = offload_needs(cfg, world)
     where = f" and {disk / 2**30:.3f} GiB on disk under {cfg.nvme_path}" if disk else ""
-    say(f"ringzero: offload ({cfg.offload_optimizer} optimizer, {cfg.offload_params} parameters) needs "
-        f"{host / 2**30:.3f} GiB of host memory{where} for {world} rank{'s' if world > 1 else ''}")
     device = "nvme" if disk else "cpu"
     check_offload(OffloadConfig(device=device, nvme_path=cfg.nvme_path if disk else None), host, disk)
+    say(f"ringzero: offload ({cfg.offload_optimizer} optimizer, {cfg.offload_params} parameters) needs "
+        f"{host / 2**30:.3f} GiB of host memory{where} for {world} rank{'s' if world > 1 else ''}")
