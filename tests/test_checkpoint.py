@@ -31,6 +31,8 @@ LAYOUTS = {
     "pp2": dict(strategy="dp", pp=2, grad_accum=2),
     "zero2-cpu-offload": dict(strategy="zero2", offload_optimizer="cpu"),
     "zero1-async-save": dict(strategy="zero1", async_save=True),
+    "zero3-params-on-cpu": dict(strategy="zero3", offload_params="cpu"),
+    "zero3-all-on-nvme": dict(strategy="zero3", offload_params="nvme", offload_optimizer="nvme"),
 }
 
 
@@ -38,8 +40,11 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_a_resumed_run_equals_the_run_never_stopped(pool, tmp_path, name):
     opts = dict(BASE, micro_batch=2, **LAYOUTS[name])
+    if "nvme" in name:
+        (tmp_path / "swap").mkdir()
+        opts["nvme_path"] = str(tmp_path / "swap")
     whole = pool.run(_train, TrainConfig(save_dir=str(tmp_path), save_every=3, **opts), world=2)
-    assert sorted(os.listdir(tmp_path)) == ["latest", "step-00000003", "step-00000006"]
+    assert sorted(n for n in os.listdir(tmp_path) if n != "swap") == ["latest", "step-00000003", "step-00000006"]
     assert whole[0].checkpoint["saves"] == 2 and len(whole[1].checkpoint["write_s"]) == 2
     opts.pop("async_save", None)
     resumed = pool.run(_train, TrainConfig(resume=str(tmp_path / "step-00000003"), **opts), world=2)
@@ -104,6 +109,21 @@ def test_resharded_training_continues_as_the_original(pool, tmp_path):
         again = pool.run(_train, TrainConfig(resume=str(tmp_path / "step-00000003"), **dict(BASE, **layout)),
                          world=world)
         assert again[0].losses == pytest.approx(whole[0].losses[3:], rel=1e-6), layout
+
+
+@pytest.mark.timeout(300)
+def test_a_parameter_server_checkpoint_resumes_and_loads_into_data_parallelism(pool, tmp_path):
+    """Sync PS, 2 workers and 2 servers, saved at step 3: resumed as it was, bit for bit; resumed as
+    all-reduce DP on 2 ranks (the servers' ranges become global tensors), the same losses within
+    1e-6 (sync PS is DP's arithmetic)."""
+    ps = dict(BASE, strategy="ps", servers=2, micro_batch=2)
+    whole = pool.run(_train, TrainConfig(save_dir=str(tmp_path), save_every=3, **ps), world=4)
+    step3 = str(tmp_path / "step-00000003")
+    again = pool.run(_train, TrainConfig(resume=step3, **ps), world=4)
+    assert again[0].losses == whole[0].losses[3:]
+    assert again[0].params == whole[0].params
+    dp = pool.run(_train, TrainConfig(resume=step3, **dict(BASE, strategy="dp", micro_batch=2)), world=2)
+    assert dp[0].losses == pytest.approx(whole[0].losses[3:], rel=1e-6)
 
 
 def test_a_manifest_cannot_name_files_outside_its_directory(tmp_path):

@@ -25,6 +25,7 @@ The public interface, all a trainer, optimizer or benchmark uses:
 
 from __future__ import annotations
 
+import contextlib
 import enum
 
 import torch
@@ -195,6 +196,11 @@ class FlatStrategy:
     # -- weights --------------------------------------------------------------------------------
     def owned_weights(self) -> list[torch.Tensor]:
         return [g.owned_weights() for g in self.groups]
+
+    def shards_at_hand(self, changed: bool = False):
+        """A block in which `owned_weights()` hold this rank's weights (they always do here; ZeRO-3
+        with its weights offloaded loads them for it)."""
+        return contextlib.nullcontext()
 
     def before_step(self) -> None:
         """Nothing by default (the owned weights stay where the optimizer updates them)."""

@@ -101,6 +101,8 @@ class ParameterServer:
         self.held = {w: 0.0 for w in self.workers}
         self.state, self.active = ServerState.SERVING, set(self.workers)
         self.log = ServerLog()
+        self.after_update: Callable[[int], None] | None = None
+        """Called with the clock after each synchronous update is answered (a checkpoint's hook)."""
 
     def _norm(self, sq: torch.Tensor) -> None:
         """sync: the global Σ g² over the servers; async/ssp: the pushing worker's own (fp32: of its
@@ -158,6 +160,8 @@ class ParameterServer:
                 self.clock[w] += 1
                 self._answer(w)
             beacon().step_done(self.server_clock())   # the job's watchdog sees the server progress
+            if self.after_update is not None:
+                self.after_update(self.server_clock())
             return
         self._record(step - read)
         self._push_sq = sq

@@ -38,6 +38,7 @@ calls are submitted to it and waited for), so the store moves bytes for one thre
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 
@@ -145,6 +146,22 @@ class ZeRO3ParamOffload(ZeRO3):
             self.store.store(g.index, g.shard)
         self._written = self.store.io_bytes()["write"] - before      # io_bytes waits for the writes
         self._release_staging()
+
+    @contextlib.contextmanager
+    def shards_at_hand(self, changed: bool = False):
+        """The optimizer's shard tensors hold this rank's weights for the block (a checkpoint
+        reads them, or with `changed` writes them: then they go back to the store after it)."""
+        was = self.staging
+        if was is Staging.RELEASED:
+            self.queue.submit(self._load_staging).result()
+        try:
+            yield
+        finally:
+            if changed:
+                self.queue.submit(lambda: [self.store.store(g.index, g.shard) for g in self.groups]).result()
+                self.queue.submit(self.store.io_bytes).result()          # waits for the writes
+            if was is Staging.RELEASED:
+                self._release_staging()
 
     def _release_staging(self) -> None:
         for g in self.groups:

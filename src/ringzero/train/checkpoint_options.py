@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-UNSUPPORTED = {"ps": "strategy 'ps' (its state is on the servers)"}
 
 
 def _error(field: str, message: str):
@@ -35,12 +34,11 @@ def check(cfg) -> None:
             raise _error(name, f"{name} needs save_dir (where the checkpoints go)")
     if cfg.resume is not None and cfg.init_from is not None:
         raise _error("init_from", "init_from and resume both set the weights; give one")
-    used = [n for n in ("save_dir", "resume", "init_from") if getattr(cfg, n) is not None]
-    if used and cfg.strategy in UNSUPPORTED:
-        raise _error(used[0], f"{used[0]} is not available with {UNSUPPORTED[cfg.strategy]}")
-    if used and cfg.offload_params != "none":
-        raise _error(used[0], f"{used[0]} is not available with offload_params={cfg.offload_params!r} yet "
-                              "(the weight shards live off the device between steps)")
+    if cfg.strategy == "ps" and cfg.save_dir is not None and cfg.ps_mode != "sync":
+        raise _error("save_dir", f"save_dir with a parameter server needs ps_mode 'sync' (its workers and servers "
+                                 f"share a step), not {cfg.ps_mode!r}")
+    if cfg.strategy == "ps" and cfg.init_from is not None:
+        raise _error("init_from", "init_from is not available with strategy 'ps'; resume from a checkpoint instead")
 
 
 def preflight(cfg) -> None:

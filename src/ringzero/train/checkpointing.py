@@ -65,8 +65,9 @@ class Saver:
         self.wait()
         meta = {"layout": layout(trainer), "config": dataclasses.asdict(c), "scaler": _scaler(trainer),
                 "optimizer_step": trainer.opt.t}
-        snap = snapshot(step, t.rank, t.world, pieces(trainer.strategy, t, trainer.opt, writing=True),
-                        _rng(trainer), meta, self.token, c.keep, copy=c.async_save)
+        with trainer.strategy.shards_at_hand():
+            snap = snapshot(step, t.rank, t.world, pieces(trainer.strategy, t, trainer.opt, writing=True),
+                            _rng(trainer), meta, self.token, c.keep, copy=c.async_save or c.offload_params != "none")
         if c.async_save:
             self.thread = threading.Thread(target=self._write, args=(snap,), name="ringzero-checkpoint", daemon=True)
             self.thread.start()
@@ -155,12 +156,13 @@ def init_weights(trainer, path: str) -> None:
 def _load(trainer, filler) -> None:
     """`filler(pieces)` sets this rank's pieces; then what the optimizer and strategy derive from them."""
     opt = trainer.opt
-    states = optimizer_states(opt)
-    filler(pieces(trainer.strategy, trainer.topo, opt, writing=False, states=states))
-    if not opt.mixed:                      # fp32: the master is the weights (a separate copy when offloaded)
-        for w, master in zip(trainer.strategy.owned_weights(), states["master"]):
-            if master.data_ptr() != w.data_ptr():
-                master.copy_(w)
+    with trainer.strategy.shards_at_hand(changed=True):
+        states = optimizer_states(opt)
+        filler(pieces(trainer.strategy, trainer.topo, opt, writing=False, states=states))
+        if not opt.mixed:                  # fp32: the master is the weights (a separate copy when offloaded)
+            for w, master in zip(trainer.strategy.owned_weights(), states["master"]):
+                if master.data_ptr() != w.data_ptr():
+                    master.copy_(w)
     if hasattr(opt, "write_state"):
         opt.write_state(states["master"], states["exp_avg"], states["exp_avg_sq"])
     trainer.strategy.after_step()          # ZeRO-1/2: every rank's full weights from the loaded shards

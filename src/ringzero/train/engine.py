@@ -75,10 +75,11 @@ class Trainer:
             self.strategy.accumulate_in_place()
         self._last_compute = 0.0
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
-        self.start = checkpointing.load_checkpoint(self, cfg.resume) if cfg.resume is not None else 0
+        own = cfg.strategy != "ps"            # a parameter server's ranks checkpoint in `ps_checkpoint`
+        self.start = checkpointing.load_checkpoint(self, cfg.resume) if cfg.resume is not None and own else 0
         if cfg.init_from is not None:
             checkpointing.init_weights(self, cfg.init_from)
-        self.saver = checkpointing.Saver(self) if cfg.save_dir is not None else None
+        self.saver = checkpointing.Saver(self) if cfg.save_dir is not None and own else None
         self.nonfinite = NonFinite(cfg, topology, self.queue)
         self.measure_step = self.start + min(MEASURE_STEP, cfg.steps - self.start - 1)
 

@@ -25,6 +25,8 @@ from ..parallel.topology import Topology
 from ..plan.param_server import server_ranges
 from .config import TrainConfig
 from .engine import RankResult, Trainer, adam_config
+from . import ps_checkpoint
+from .checkpointing import due
 from .straggler import straggle
 from .ps_options import ps_config
 from .step_schedule import StepHooks
@@ -38,6 +40,10 @@ class PSWorker(Trainer):
         self.index, self.count, self.over_workers = index, workers, over_workers
         super().__init__(cfg, Topology.alone())
         self.client = PSClient(self.strategy.owned_weights(), servers, group) if servers else None
+        real = servers is not None                 # not a server's copy of the layout
+        self.start = ps_checkpoint.resume_worker(self, cfg.resume) if real and cfg.resume else 0
+        self.ps_saver = (ps_checkpoint.PSSaver(cfg, index, workers, len(servers), group)
+                         if real and cfg.save_dir else None)
 
     def _optimizer(self):
         return None
@@ -84,8 +90,10 @@ class PSWorker(Trainer):
         res = RankResult(rank=self.index, role="worker")
         phases, totals, start = [], [], time.perf_counter()
         own_val = res.val
-        for step in range(c.steps):
+        for step in range(self.start, c.steps):
             ph, loss = self.timed_step(step, res, totals)
+            if self.ps_saver is not None and due(c, step + 1):
+                self.ps_saver.save(step + 1, [])          # its RNG; the servers hold the state
             phases.append(ph)
             res.losses.append(loss)
             if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
@@ -96,7 +104,8 @@ class PSWorker(Trainer):
         self.client.stop()
         res.ps.update(own_val=list(own_val))      # this worker's own view (async: not the others')
         means = self._mean_over_workers(res.losses + [v for _, v in res.val])
-        res.losses, res.val = means[:c.steps], [(s, v) for (s, _), v in zip(res.val, means[c.steps:])]
+        n = len(res.losses)
+        res.losses, res.val = means[:n], [(s, v) for (s, _), v in zip(res.val, means[n:])]
         self.summarise(res, totals, phases)
         res.ps.update(waits=[p["wait"] for p in phases], computes=[p["compute"] for p in phases],
                       comms=[p["comm"] for p in phases])
@@ -147,10 +156,15 @@ def train_ps_rank(cfg: TrainConfig, group=None, progress=None, keep_params: bool
         return PSWorker(cfg, me, ps.workers, servers, group, side).run(progress, keep_params)
     layout = PSWorker(cfg, 0, ps.workers, None, group, None)   # the same model, for its initial values
     flat = torch.cat([w.detach().reshape(-1) for w in layout.strategy.owned_weights()])
-    layout.close()
     lo, hi = server_ranges(flat.numel(), ps.servers)[me - ps.workers]
     server = ParameterServer(flat[lo:hi].clone(), ps, adam_config(cfg), range(ps.workers), group,
                              cfg.grad_accum, cfg.lr_at, side if ps.servers > 1 else None)
+    if cfg.resume:
+        ps_checkpoint.resume_server(server, layout.strategy, lo, hi, cfg.resume)
+    if cfg.save_dir:
+        saver = ps_checkpoint.PSSaver(cfg, me, ps.workers, ps.servers, group)
+        server.after_update = saver.after_update(server, layout.strategy, lo, hi)
+    layout.close()
     meter = comm.TrafficMeter()
     t0 = time.perf_counter()
     with meter:
