@@ -6,9 +6,10 @@
    gets SIGKILL. Every trial must end with exit code 1 within 60 s of the kill, on a line that
    names the rank that died.
 2. Deaths during saves: a run that saves after every step gets SIGKILL on its whole process group
-   at a random moment. Every trial, the folder must then hold a complete checkpoint, the one the
-   next --resume takes (the newest complete) must load, tensor by tensor, and no half-written
-   folder may be taken for one.
+   at a random moment. Every trial, the folder must then hold a complete checkpoint; every folder
+   that looks complete must hold every shard its manifest lists; `latest` must name one of the two
+   newest (the kill may fall between a rename and `latest`); and the one the next --resume takes
+   (the newest complete) must load, tensor by tensor.
 
 Prints one line per trial and a summary; exits 1 if any trial fails.
 """
@@ -66,7 +67,9 @@ def rank_death(nproc: int, rng: random.Random) -> tuple[bool, str]:
 
 def save_death(nproc: int, rng: random.Random) -> tuple[bool, str]:
     from ringzero.checkpoint.load import Reader, resolve
+    from ringzero.checkpoint.manifest import read
     from ringzero.checkpoint.save import complete
+    from ringzero.commands.checkpoint import check_files
     with tempfile.TemporaryDirectory(prefix="ringzero-faults-") as root:
         ck = os.path.join(root, "ck")
         p = subprocess.Popen([sys.executable, "-m", "ringzero.cli", "train", "--nproc", str(nproc), "--steps", "400",
@@ -81,10 +84,16 @@ def save_death(nproc: int, rng: random.Random) -> tuple[bool, str]:
         done = complete(ck)
         if not done:
             return False, "no complete checkpoint after the kill"
-        path = resolve(ck)
-        if os.path.basename(path) != done[-1]:
-            return False, f"resume would take {os.path.basename(path)}, the newest complete is {done[-1]}"
-        r = Reader(path)
+        for name in done:                   # every folder that looks complete has every shard it lists
+            try:
+                check_files(os.path.join(ck, name), read(os.path.join(ck, name)))
+            except ValueError as exc:
+                return False, f"{name} looks complete but is not: {exc}"
+        with open(os.path.join(ck, "latest"), encoding="utf-8") as f:
+            latest = f.read().strip()
+        if latest not in done[-2:]:         # the kill may fall between the rename and `latest`
+            return False, f"latest names {latest}, not one of the newest complete {done[-2:]}"
+        r = Reader(resolve(ck))
         for name in r.manifest.tensors:
             r.tensor(name)
         left = sorted(n for n in os.listdir(ck) if ".tmp" in n)

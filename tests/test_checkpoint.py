@@ -142,3 +142,44 @@ def test_incomplete_checkpoints_are_never_loaded(tmp_path):
     (tmp_path / "step-00000002").mkdir()                     # renamed but without a manifest: never
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         resolve(str(tmp_path))
+
+
+def _snap(step: int, rank: int = 0, world: int = 1, keep=None):
+    from ringzero.checkpoint.save import snapshot
+    meta = {"layout": {}, "config": {}, "scaler": {}, "optimizer_step": step}
+    return snapshot(step, rank, world, [], {"torch": torch.zeros(1)}, meta, "tok", keep, copy=False)
+
+
+def test_a_resumed_run_retires_the_abandoned_later_checkpoints(tmp_path):
+    """Saved at 2 and 4, resumed from 2, saving 3 with keep 1: 4 belonged to the abandoned run and
+    goes (renamed away first, never half-deleted under its name); 3 is the newest and `latest`."""
+    from ringzero.checkpoint.save import write
+    for step in (2, 4):
+        write(str(tmp_path), _snap(step))
+    write(str(tmp_path), _snap(3, keep=1))
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step-00000003"]
+    assert (tmp_path / "latest").read_text().strip() == "step-00000003"
+    assert resolve(str(tmp_path)).endswith("step-00000003")
+
+
+def test_a_rank_that_cannot_write_its_shard_is_reported_not_waited_for(tmp_path):
+    from ringzero.checkpoint.save import marker, tmp_dir, write
+    tmp = tmp_dir(str(tmp_path), 5, "tok")
+    os.makedirs(tmp)
+    with open(os.path.join(tmp, marker(1) + ".failed"), "w") as f:
+        f.write("OSError: No space left on device")
+    with pytest.raises(OSError, match="rank 1 could not write its shard: OSError: No space left"):
+        write(str(tmp_path), _snap(5, rank=0, world=2), wait_s=30)
+    assert not [n for n in os.listdir(tmp_path) if not n.endswith(".tmp-tok")]     # nothing published
+
+
+def test_a_tensor_parallel_slice_that_cannot_be_cut_is_refused(tmp_path):
+    d = tmp_path / "step-00000001"
+    d.mkdir()
+    tp = '{"dim": 0, "stride": 0, "index": 0, "parts": 2, "shape": [2, 2]}'
+    (d / "manifest.json").write_text(
+        '{"format": "ringzero.checkpoint/1", "step": 1, "layout": {}, "config": {}, "tensors": {"param/w": '
+        '{"shape": [4, 2], "dtype": "float32", "pieces": [{"file": "r.safetensors", "key": "k", "flat": [0, 4], '
+        f'"tp": {tp}}}]}}}}}}')
+    with pytest.raises(CheckpointError, match="cannot be cut from shape"):
+        read(str(d))

@@ -67,10 +67,10 @@ class _Ties:
     stderr_path: str | None = None
     beacons: object = None
     parent_thread_lasts: bool = True
-    links: object = None
-    """The ranks' incoming-link clocks for the link emulator (`comm.link_emulator.share_ingress`)."""
     """Whether the thread that starts the rank lives as long as the parent (the kernel's
     parent-death signal follows the thread, not the process); else the rank polls the parent."""
+    links: object = None
+    """The ranks' incoming-link clocks for the link emulator (`comm.link_emulator.share_ingress`)."""
 
 
 def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float,

@@ -16,7 +16,7 @@ import os
 
 import torch
 
-from .manifest import CheckpointError, Manifest, Piece, read
+from .manifest import MANIFEST, CheckpointError, Manifest, Piece, read
 from .save import complete
 from .slices import assemble, piece_of
 from .state import Local
@@ -30,7 +30,7 @@ def resolve(path: str) -> str:
         raise CheckpointError(f"checkpoint {path!r} is a file; give a checkpoint folder or a --save-dir")
     if not os.path.isdir(path):
         raise CheckpointError(f"checkpoint {path!r} does not exist")
-    if os.path.isfile(os.path.join(path, "manifest.json")):
+    if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
     found = complete(path)
     if not found:
@@ -106,25 +106,26 @@ def fill_weights(path: str, locals_: list[Local]) -> None:
     file `path` (the model's parameter names as keys; `consolidate`); CheckpointError when it is
     not a file of this model."""
     from safetensors import safe_open
-    try:
-        f = safe_open(path, framework="pt")
-    except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file
-        raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
-    keys = set(f.keys())
     by_name: dict[str, list[Local]] = {}
     for l in locals_:
         kind, _, name = l.name.partition("/")
         if kind in ("param", "master"):
             by_name.setdefault(name, []).append(l)
-    for name in sorted(by_name):
-        if name not in keys:
-            raise CheckpointError(f"{path} has no tensor {name!r}: it is not a file of this model")
-        full = f.get_tensor(name)
-        want = by_name[name][0].shape
-        if tuple(full.shape) != tuple(want):
-            raise CheckpointError(f"{path}: {name!r} is {list(full.shape)}, this model's is {list(want)}")
-        for l in by_name[name]:
-            l.tensor.copy_(piece_of(full, l.tp, l.flat))
+    try:
+        f = safe_open(path, framework="pt")
+    except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file
+        raise CheckpointError(f"cannot read {path} as safetensors: {exc}") from None
+    with f:
+        keys = set(f.keys())
+        for name in sorted(by_name):
+            if name not in keys:
+                raise CheckpointError(f"{path} has no tensor {name!r}: it is not a file of this model")
+            full = f.get_tensor(name)
+            want = by_name[name][0].shape
+            if tuple(full.shape) != tuple(want):
+                raise CheckpointError(f"{path}: {name!r} is {list(full.shape)}, this model's is {list(want)}")
+            for l in by_name[name]:
+                l.tensor.copy_(piece_of(full, l.tp, l.flat))
 
 
 @torch.no_grad()

@@ -107,12 +107,24 @@ def _piece(d: dict) -> Piece:
                                                     int(tp["parts"]), tuple(int(x) for x in tp["shape"])))
 
 
+def _check_tp(name: str, tp: TPSlice, shape: tuple[int, ...]) -> None:
+    """CheckpointError unless `tp` can be a slice of a tensor of `shape` (see `slices.tp_slice`)."""
+    ok = (tp.stride >= 1 and tp.parts >= 1 and 0 <= tp.index < tp.parts and 0 <= tp.dim < len(shape)
+          and len(tp.shape) == len(shape) and tp.parts * tp.shape[tp.dim] >= shape[tp.dim]
+          and tp.shape[tp.dim] % tp.stride == 0
+          and all(a == b for d, (a, b) in enumerate(zip(tp.shape, shape)) if d != tp.dim))
+    if not ok:
+        raise CheckpointError(f"tensor {name!r}: tensor-parallel slice {tp} cannot be cut from shape {list(shape)}")
+
+
 def _check_entry(name: str, e: Entry) -> None:
     if e.dtype not in DTYPES:
         raise CheckpointError(f"tensor {name!r} has dtype {e.dtype!r}; allowed: {', '.join(DTYPES)}")
     if not e.pieces:
         raise CheckpointError(f"tensor {name!r} has no pieces")
     for p in e.pieces:
+        if p.tp is not None:
+            _check_tp(name, p.tp, e.shape)
         size = math.prod(p.tp.shape) if p.tp is not None else e.numel()
         if not 0 <= p.flat[0] < p.flat[1] <= size:
             raise CheckpointError(f"tensor {name!r}: piece {p.flat} is outside its slice of {size} elements")

@@ -17,7 +17,10 @@ A save never needs a collective, so it can run beside training (`--async-save`):
    directory, renames the directory to `step-NNNNNNNN/`, fsyncs the root, then replaces `latest`
    (a file written beside it, fsynced, renamed over it); only then is the checkpoint there. It
    removes the temporary directories of this step and earlier ones (saves that died) and the
-   complete checkpoints beyond the newest `keep`.
+   complete checkpoints beyond the newest `keep`. A complete checkpoint is removed by renaming it
+   to a temporary name first, so that a crash never leaves one half-deleted under its own name;
+   those of this step or later (a run resumed before them) go before the rename, so that the
+   newest complete checkpoint is always the latest save.
 
 A crash at any point leaves the previous checkpoints and `latest` as they were: a directory is
 complete exactly when its name has no `.tmp` and it holds a manifest (`manifest.read`). Markers
@@ -26,16 +29,19 @@ and the rename need one file system that every rank sees (as every multi-node ch
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import re
+import secrets
 import shutil
 import time
 from dataclasses import dataclass
 
 import torch
 
+from .. import outputs
 from .manifest import MANIFEST, Entry, Manifest, Piece, TPSlice
 from .state import Local
 
@@ -96,26 +102,23 @@ def tmp_dir(root: str, step: int, token: str) -> str:
     return os.path.join(root, f"{step_dir(step)}.tmp-{token}")
 
 
-def _write_json(path: str, data) -> None:
-    """`data` as JSON at `path`, whole or not at all (written beside it, fsynced, renamed)."""
-    part = path + ".part"
-    with open(part, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(part, path)
-
-
 def write(root: str, snap: Snapshot, wait_s: float = 600.0) -> str | None:
-    """Steps 2-3 of the module doc for `snap`; returns the checkpoint's path on rank 0."""
+    """Steps 2-3 of the module doc for `snap`; returns the checkpoint's path on rank 0. A rank that
+    cannot write its shard leaves a `.failed` marker with its error, so that rank 0 reports it
+    instead of waiting for a marker that never comes."""
     from safetensors.torch import save_file
     tmp = tmp_dir(root, snap.step, snap.token)
-    os.makedirs(tmp, exist_ok=True)
-    shard = os.path.join(tmp, rank_file(snap.rank))
-    save_file(snap.tensors, shard)
-    with open(shard, "rb") as f:
-        os.fsync(f.fileno())
-    _write_json(os.path.join(tmp, marker(snap.rank)), snap.rows)
+    try:
+        os.makedirs(tmp, exist_ok=True)
+        shard = os.path.join(tmp, rank_file(snap.rank))
+        save_file(snap.tensors, shard)
+        with open(shard, "rb") as f:
+            os.fsync(f.fileno())
+        outputs.write_text(os.path.join(tmp, marker(snap.rank)), json.dumps(snap.rows))
+    except Exception as exc:
+        with contextlib.suppress(OSError):
+            outputs.write_text(os.path.join(tmp, marker(snap.rank) + ".failed"), f"{type(exc).__name__}: {exc}")
+        raise
     if snap.rank != 0:
         return None
     written = [(r, _wait_marker(tmp, r, wait_s)) for r in range(snap.world)]
@@ -129,6 +132,9 @@ def marker(rank: int) -> str:
 def _wait_marker(tmp: str, rank: int, wait_s: float) -> list[dict]:
     path, deadline = os.path.join(tmp, marker(rank)), time.monotonic() + wait_s
     while not os.path.isfile(path):
+        if os.path.isfile(path + ".failed"):
+            with open(path + ".failed", encoding="utf-8") as f:
+                raise OSError(f"checkpoint {tmp}: rank {rank} could not write its shard: {f.read()}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"checkpoint {tmp}: rank {rank} did not finish writing its shard within {wait_s:g} s")
         time.sleep(0.01)
@@ -162,22 +168,17 @@ def complete(root: str) -> list[str]:
 def publish(root: str, snap: Snapshot, manifest: Manifest) -> str:
     """Rank 0, once every shard is on disk: the manifest, the rename, `latest`, the clean-up."""
     tmp = tmp_dir(root, snap.step, snap.token)
-    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-        f.write(manifest.to_json())
-        f.flush()
-        os.fsync(f.fileno())
+    outputs.write_text(os.path.join(tmp, MANIFEST), manifest.to_json())
     fsync_dir(tmp)
+    # Checkpoints of this step or later belong to a run this one was resumed before: retired first,
+    # so that the newest complete checkpoint is always this run's.
+    for name in complete(root):
+        if int(STEP_DIR.match(name).group(1)) >= snap.step:
+            retire(root, name)
     final = os.path.join(root, step_dir(snap.step))
-    if os.path.exists(final):                        # a run resumed before this step saves it again
-        shutil.rmtree(final)
     os.rename(tmp, final)
     fsync_dir(root)
-    pointer = os.path.join(root, LATEST + ".tmp")
-    with open(pointer, "w", encoding="utf-8") as f:
-        f.write(step_dir(snap.step) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(pointer, os.path.join(root, LATEST))
+    outputs.write_text(os.path.join(root, LATEST), step_dir(snap.step) + "\n")
     fsync_dir(root)
     for name in os.listdir(root):                    # saves of this step or earlier that died
         m = TMP_DIR.match(name)
@@ -185,5 +186,14 @@ def publish(root: str, snap: Snapshot, manifest: Manifest) -> str:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     if snap.keep is not None:
         for name in complete(root)[:-snap.keep]:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            retire(root, name)
     return final
+
+
+def retire(root: str, name: str) -> None:
+    """Remove complete checkpoint `name` without ever leaving it half-deleted under its own name:
+    renamed to a temporary name first (never loaded), then removed."""
+    gone = os.path.join(root, f"{name}.tmp-retired-{secrets.token_hex(4)}")
+    os.rename(os.path.join(root, name), gone)
+    fsync_dir(root)
+    shutil.rmtree(gone, ignore_errors=True)

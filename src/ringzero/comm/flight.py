@@ -56,14 +56,18 @@ class CallRecord:
     beside: bool = False
     """Made on a communication thread beside computation (`config.mark_beside_compute`): the
     computing thread is not blocked by it."""
+    group: str = ""
+    """The process group's name (two groups may have the same ranks)."""
 
-    def key(self) -> tuple[tuple[int, ...], int]:
-        return self.ranks, self.seq
+    def key(self) -> tuple[tuple[int, ...], str, int]:
+        return self.ranks, self.group, self.seq
 
 
 RECORDER: deque[CallRecord] = deque(maxlen=KEEP)
 _ACTIVE: list["Timeline"] = []
-_SEQ: dict[tuple[int, ...], int] = {}
+_SEQ: dict[tuple[tuple[int, ...], str], int] = {}
+"""(group ranks, group name) -> calls started on that group: one counter per process group, since
+two groups of the same ranks (used from two threads) must not share a numbering."""
 _LOCK = threading.Lock()
 _CURRENT = threading.local()
 
@@ -99,23 +103,31 @@ def blocking():
                 t.blocked.append((t0, time.time()))
 
 
-def _ranks(group) -> tuple[int, ...] | None:
+def _group(group) -> tuple[tuple[int, ...], str] | None:
+    """(ranks, name) of `group` (None: this rank is not in it, or there is no process group)."""
     if not dist.is_initialized():
         return None
     g = dist.group.WORLD if group is None else group
     if g == dist.GroupMember.NON_GROUP_MEMBER:
         return None
-    return tuple(dist.get_process_group_ranks(g))
+    return tuple(dist.get_process_group_ranks(g)), str(getattr(g, "group_name", ""))
+
+
+def started() -> dict[str, int]:
+    """The highest sequence number started on each group ("r0,r1,...|name" -> seq)."""
+    with _LOCK:
+        return {",".join(map(str, ranks)) + "|" + name: n - 1 for (ranks, name), n in _SEQ.items()}
 
 
 def _start(collective: str, group, nbytes: int) -> CallRecord | None:
-    ranks = _ranks(group)
-    if ranks is None:
+    key = _group(group)
+    if key is None:
         return None
+    ranks = key[0]
     with _LOCK:
-        seq = _SEQ.get(ranks, 0)
-        _SEQ[ranks] = seq + 1
-        rec = CallRecord(collective, ranks, seq, time.time(), bytes=nbytes, beside=beside_compute())
+        seq = _SEQ.get(key, 0)
+        _SEQ[key] = seq + 1
+        rec = CallRecord(collective, ranks, seq, time.time(), group=key[1], bytes=nbytes, beside=beside_compute())
         RECORDER.append(rec)
         for t in _ACTIVE:
             t.calls.append(rec)

@@ -30,12 +30,8 @@ def state(now: float | None = None) -> dict:
     """This rank's entry: {"seqs": {"0,1,2": highest started seq}, "inflight": [...], "recent": [...]}."""
     now = time.time() if now is None else now
     calls = flight.dump()
-    seqs: dict[str, int] = {}
-    for c in calls:
-        key = ",".join(map(str, c["ranks"]))
-        seqs[key] = max(seqs.get(key, -1), c["seq"])
     inflight = [c for c in calls if c["end"] is None]
-    out = {"seqs": seqs, "inflight": inflight}
+    out = {"seqs": flight.started(), "inflight": inflight}
     if any(now - c["start"] > DUMP_AFTER for c in inflight):
         out["recent"] = calls
     return out
@@ -60,6 +56,11 @@ def start(store, rank: int) -> threading.Event:
     return stop
 
 
+def _key(call: dict) -> str:
+    """The group of `call` as `flight.started` names it."""
+    return ",".join(map(str, call["ranks"])) + "|" + call["group"]
+
+
 def read(store, ranks) -> dict[int, dict]:
     """The entries of `ranks` that are in `store` (a rank that never published is left out)."""
     out = {}
@@ -79,7 +80,7 @@ def missing(states: dict[int, dict]) -> list[tuple[dict, list[int]]]:
     seen, out = set(), []
     calls = sorted((c for s in states.values() for c in s["inflight"]), key=lambda c: c["start"])
     for c in calls:
-        group = ",".join(map(str, c["ranks"]))
+        group = _key(c)
         if (group, c["seq"]) in seen:
             continue
         seen.add((group, c["seq"]))
@@ -99,7 +100,7 @@ def diagnose(store, ranks) -> str:
     waiting = sorted(r for r, s in states.items() if any(x["seq"] == c["seq"] and x["ranks"] == c["ranks"]
                                                          for x in s["inflight"]))
     group = c["ranks"]
-    last = {m: states[m]["seqs"].get(",".join(map(str, group)), -1) if m in states else None for m in absent}
+    last = {m: states[m]["seqs"].get(_key(c), -1) if m in states else None for m in absent}
     where = ", ".join(f"rank {m} (its last there: #{last[m]})" if last[m] is not None else f"rank {m} (no report)"
                       for m in absent)
     with tempfile.NamedTemporaryFile("w", prefix="ringzero-flight-", suffix=".json", delete=False) as f:

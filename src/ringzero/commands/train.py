@@ -168,6 +168,8 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     else:
         ps_options.check_world(cfg, world)          # a straggler's rank
         cfg.placement(world)                       # tp and dp against the world
+    if torchrun and cfg.max_restarts:
+        raise ValueError("--max-restarts restarts local ranks; under torchrun use torchrun's own --max-restarts")
     for flag, inj in (("--inject-nonfinite", cfg.inject_nonfinite), ("--inject-kill", cfg.inject_kill)):
         if inj is not None and inj[0] >= world:
             raise ValueError(f"{flag} rank {inj[0]} is not one of the {world} ranks")

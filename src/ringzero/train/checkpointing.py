@@ -51,7 +51,7 @@ class Saver:
 
     def __init__(self, trainer) -> None:
         self.cfg, self.topo = trainer.cfg, trainer.topo
-        self.token = _token(self.topo)
+        self.token = run_token(self.topo.grid_group, self.topo.world)
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
         self.blocked_s: list[float] = []
@@ -77,9 +77,7 @@ class Saver:
         if t.world > 1:
             dist.barrier(group=t.grid_group)       # everyone returns once rank 0 has published it
         self.blocked_s.append(time.perf_counter() - t0)
-        self.error, error = None, self.error
-        if error is not None:
-            raise error
+        self.wait()                                # raises the write's error, if it had one
         return path
 
     def _write(self, snap) -> str | None:
@@ -106,12 +104,13 @@ class Saver:
                 "async": self.cfg.async_save}
 
 
-def _token(topo) -> str:
-    """A name for this run's temporary checkpoint directories, the same on every rank."""
+def run_token(group, world: int) -> str:
+    """A name for this run's temporary checkpoint folders, the same on every rank of `group`
+    (rank 0's, broadcast: a collective when `world` > 1)."""
     box = [secrets.token_hex(4)]
-    if topo.world > 1:
-        src = 0 if topo.grid_group is None else dist.get_global_rank(topo.grid_group, 0)
-        dist.broadcast_object_list(box, src=src, group=topo.grid_group)
+    if world > 1:
+        src = 0 if group is None else dist.get_global_rank(group, 0)
+        dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 

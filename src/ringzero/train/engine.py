@@ -81,7 +81,12 @@ class Trainer:
             checkpointing.init_weights(self, cfg.init_from)
         self.saver = checkpointing.Saver(self) if cfg.save_dir is not None and own else None
         self.nonfinite = NonFinite(cfg, topology, self.queue)
-        self.measure_step = self.start + min(MEASURE_STEP, cfg.steps - self.start - 1)
+        self.set_start(self.start)
+
+    def set_start(self, step: int) -> None:
+        """Begin at `step` (a resumed run): the steps run, and the one whose traffic is measured."""
+        self.start = step
+        self.measure_step = step + min(MEASURE_STEP, self.cfg.steps - step - 1)
 
     def _optimizer(self):
         """This rank's optimizer over the weights it owns (a parameter server's worker has none)."""

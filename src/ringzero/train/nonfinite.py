@@ -30,6 +30,10 @@ def check(cfg) -> None:
     if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         raise FieldError("max_nonfinite", f"max_nonfinite must be an integer >= 1, got {m!r}")
     for name in ("inject_nonfinite", "inject_kill"):
+        if getattr(cfg, name) is not None and cfg.strategy == "ps":
+            raise FieldError(name, f"{name} is not available with strategy 'ps' (its workers have no optimizer step "
+                                   "to skip)")
+    for name in ("inject_nonfinite", "inject_kill"):
         inj = getattr(cfg, name)
         if inj is not None and not (len(inj) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                           for v in inj)):

@@ -15,7 +15,6 @@ worker loads the weights and a server its range, its optimizer's step count and 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 
 import torch
 import torch.distributed as dist
@@ -23,14 +22,7 @@ import torch.distributed as dist
 from ..checkpoint.load import Reader, fill, resolve
 from ..checkpoint.save import snapshot, write
 from ..checkpoint.state import Local, pieces
-from .checkpointing import due
-
-
-def token(group) -> str:
-    """One name for this run's temporary checkpoint folders, broadcast from rank 0 of `group`."""
-    box = [secrets.token_hex(4)]
-    dist.broadcast_object_list(box, src=0 if group is None else dist.get_global_rank(group, 0), group=group)
-    return box[0]
+from .checkpointing import due, run_token
 
 
 def range_pieces(strategy, lo: int, hi: int, tensors: dict[str, torch.Tensor]) -> list[Local]:
@@ -69,7 +61,7 @@ class PSSaver:
 
     def __init__(self, cfg, rank: int, workers: int, servers: int, group) -> None:
         self.cfg, self.rank, self.workers, self.servers = cfg, rank, workers, servers
-        self.token = token(group)
+        self.token = run_token(group, workers + servers)
 
     def save(self, step: int, locals_: list[Local]) -> None:
         """Write this rank's part of the checkpoint after `step` steps (rank 0 publishes it)."""
@@ -87,11 +79,17 @@ class PSSaver:
 
 
 @torch.no_grad()
-def resume_worker(worker, path: str) -> int:
-    """Load the weights into `worker`; returns the step to continue from."""
+def resume_worker(worker, path: str, group) -> int:
+    """Load the weights into `worker` (and its RNG state, from a checkpoint of this very layout);
+    returns the step to continue from."""
     reader = Reader(resolve(path))
     fill(reader, pieces(worker.strategy, worker.topo, None, writing=False))
-    return reader.manifest.step
+    m, world = reader.manifest, dist.get_world_size(group)
+    if m.layout == _meta(worker.cfg, worker.count, world - worker.count, 0)["layout"]:
+        saved = reader.rng(worker.index)
+        if "torch" in saved:
+            torch.set_rng_state(saved["torch"])
+    return m.step
 
 
 @torch.no_grad()

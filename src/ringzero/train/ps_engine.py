@@ -41,7 +41,8 @@ class PSWorker(Trainer):
         super().__init__(cfg, Topology.alone())
         self.client = PSClient(self.strategy.owned_weights(), servers, group) if servers else None
         real = servers is not None                 # not a server's copy of the layout
-        self.start = ps_checkpoint.resume_worker(self, cfg.resume) if real and cfg.resume else 0
+        if real and cfg.resume:
+            self.set_start(ps_checkpoint.resume_worker(self, cfg.resume, group))
         self.ps_saver = (ps_checkpoint.PSSaver(cfg, index, workers, len(servers), group)
                          if real and cfg.save_dir else None)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import statistics
 
-from ..plan.param_server import (comm_seconds, imbalance, server_ingress, server_ranges, server_state_bytes, wait_seconds,
-                                 worker_bytes)
+from ..plan.param_server import (imbalance, server_ingress, server_link_seconds, server_ranges, server_state_bytes,
+                                 step_seconds, wait_seconds, worker_bytes, worker_link_seconds)
 from .config import TrainConfig
 from .engine import RankResult
 from .report import Twin
@@ -55,11 +55,14 @@ def step_twin(cfg: TrainConfig, workers: list[RankResult], servers: list[RankRes
     gbps, latency_us = cfg.emulate_inter_node
     compute = max(statistics.median(_steady(w.ps["computes"])) for w in workers)
     update = max(statistics.median(_steady(s.ps["update_s"])) for s in servers)
-    link = comm_seconds(numel, cfg.value_bytes, len(workers), len(servers), gbps * 1e9, latency_us * 1e-6,
-                        schedule="staggered")
+    args = (numel, cfg.value_bytes, len(workers), len(servers))
+    link = (gbps * 1e9, latency_us * 1e-6)
+    busier = "server" if server_link_seconds(*args, *link) >= worker_link_seconds(numel, cfg.value_bytes,
+                                                                                    len(servers), *link) else "worker"
+    step = step_seconds(*args, compute_s=compute, link_bw=link[0], link_alpha=link[1], schedule="staggered")
     measured = max(w.step_time for w in workers)
-    return [Twin(f"step over {gbps:g} GB/s links (compute, {'server' if len(workers) > len(servers) else 'worker'}"
-                 f" link {link * 1e3:.0f} ms, update)", compute + link + update, measured, "s")]
+    return [Twin(f"step over {gbps:g} GB/s links (compute, {busier} link {(step - compute) * 1e3:.0f} ms, update)",
+                 step + update, measured, "s")]
 
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
