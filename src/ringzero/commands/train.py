@@ -28,7 +28,7 @@ from ..rank_io import in_torchrun
 from ..train.config import STRATEGIES, TrainConfig, choices
 from ..train.deepspeed import from_deepspeed
 from ..watchdog import WatchdogPolicy
-from . import train_args
+from . import train_args, train_log
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
@@ -260,19 +260,6 @@ def _run_with_restarts(cfg: TrainConfig, world: int, args, torchrun: bool, watch
     raise AssertionError("unreachable")
 
 
-def _saves(results: list, console) -> None:
-    """One line on the checkpoints: what they cost the step (the busiest rank) and took to write."""
-    import statistics
-    saves = [r.checkpoint for r in results if r.checkpoint]
-    if not saves or not saves[0]["saves"]:
-        return
-    blocked = max(statistics.median(s["blocked_s"]) for s in saves)
-    wrote = max(statistics.median(s["write_s"]) for s in saves)
-    how = "asynchronous: the copy to host memory" if saves[0]["async"] else "synchronous"
-    console.print(f"checkpoints: {saves[0]['saves']} saved; each blocked the step {blocked * 1e3:.1f} ms ({how}), "
-                  f"writing took {wrote * 1e3:.1f} ms (medians, busiest rank)")
-
-
 def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None) -> None:
     from rich.console import Console
 
@@ -288,7 +275,7 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     probes = report.probe_summary(cfg, world, results)
     report.render(rows, console, probes)
     ranks = report_wait.render(cfg, results, console)
-    _saves(results, console)
+    train_log.saves(results, console)
     data = report.to_json(cfg, world, results, rows, probes) if path or plot else None
     if path:
         data["ranks"] = ranks

@@ -80,3 +80,16 @@ class _Bar:
 
     def close(self) -> None:
         self.bar.stop()
+
+
+def saves(results: list, console) -> None:
+    """One line on the checkpoints: what they cost the step (the busiest rank) and took to write."""
+    import statistics
+    saves = [r.checkpoint for r in results if r.checkpoint]
+    if not saves or not saves[0]["saves"]:
+        return
+    blocked = max(statistics.median(s["blocked_s"]) for s in saves)
+    wrote = max(statistics.median(s["write_s"]) for s in saves)
+    how = "asynchronous: the copy to host memory" if saves[0]["async"] else "synchronous"
+    console.print(f"checkpoints: {saves[0]['saves']} saved; each blocked the step {blocked * 1e3:.1f} ms ({how}), "
+                  f"writing took {wrote * 1e3:.1f} ms (medians, busiest rank)")

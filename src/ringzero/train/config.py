@@ -158,8 +158,7 @@ class TrainConfig:
     inject_nonfinite: tuple[int, int] | None = None
     """(rank, step): put an inf into that rank's gradient at that step (a fault, on purpose)."""
     inject_kill: tuple[int, int] | None = None
-    """(rank, step): that rank kills itself (SIGKILL) as that step begins (a fault, on purpose; once:
-    a restarted job runs without it)."""
+    """(rank, step): that rank SIGKILLs itself as that step begins (a fault; a restart runs without it)."""
     max_restarts: int = 0
     """Restart the whole job from the latest checkpoint under save_dir when a rank fails, at most this
     many times (torchrun's elastic agent does the same)."""
