@@ -279,11 +279,18 @@ def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT
     """
     if in_torchrun():
         allocator.tune()
-        if not dist.is_initialized():
+        ours = not dist.is_initialized()
+        if ours:
             if backend == "auto":
                 backend = "nccl" if torch.cuda.is_available() else "gloo"
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
-        return fn(*args)
+        try:
+            return fn(*args)
+        finally:
+            # A process group left to the interpreter's exit can abort the process ("terminate
+            # called without an active exception") while its threads are torn down.
+            if ours and dist.is_initialized():
+                dist.destroy_process_group()
     return spawn(fn, nproc or 1, args, timeout, watch=watch)
