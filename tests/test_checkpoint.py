@@ -126,6 +126,31 @@ def test_a_parameter_server_checkpoint_resumes_and_loads_into_data_parallelism(p
     assert dp[0].losses == pytest.approx(whole[0].losses[3:], rel=1e-6)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["async", "ssp"])
+def test_an_asynchronous_parameter_server_checkpoint_is_whole_and_resumes(pool, tmp_path, mode):
+    """Async and SSP PS: with one worker (its pushes are the only ones: no staleness) a resumed run
+    is the run never stopped, bit for bit; with 2 workers and 2 servers every checkpoint holds every
+    tensor, every worker resumes at its step, and loaded into DP and saved again nothing changes."""
+    ps = dict(BASE, strategy="ps", micro_batch=2, ps_mode=mode, staleness=1 if mode == "ssp" else 0)
+    one = dict(ps, servers=1)
+    whole = pool.run(_train, TrainConfig(save_dir=str(tmp_path / "one"), save_every=3, **one), world=2)
+    again = pool.run(_train, TrainConfig(resume=str(tmp_path / "one" / "step-00000003"), **one), world=2)
+    assert again[0].losses == whole[0].losses[3:] and again[0].params == whole[0].params
+    two = dict(ps, servers=2)
+    pool.run(_train, TrainConfig(save_dir=str(tmp_path / "two"), save_every=3, **two), world=4)
+    step3 = str(tmp_path / "two" / "step-00000003")
+    want = _tensors(step3)
+    assert read(step3).layout["ps_mode"] == mode
+    assert {k.split("/", 1)[0] for k in want} == {"param", "exp_avg", "exp_avg_sq"}
+    resumed = pool.run(_train, TrainConfig(resume=step3, **two), world=4)
+    assert len(resumed[0].losses) == 3 and all(map(torch.isfinite, torch.tensor(resumed[0].losses)))
+    (path,) = pool.run(_reload, TrainConfig(resume=step3, **dict(BASE, strategy="dp", micro_batch=4)),
+                       str(tmp_path / "dp"), world=1)
+    got = _tensors(path)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_a_manifest_cannot_name_files_outside_its_directory(tmp_path):
     d = tmp_path / "step-00000001"
     d.mkdir()

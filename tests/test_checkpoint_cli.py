@@ -83,8 +83,8 @@ def test_inspect_prints_the_step_and_layout(saved, capsys):
     (["train", "--save-dir", "/no/such/dir/ck", *QUICK], "does not exist"),
     (["train", "--init-from", "{tmp}/none.safetensors", *QUICK], "is not a file"),
     (["train", "--init-from", "{saved}/latest", *QUICK], "is not a safetensors file"),
-    (["train", "--strategy", "ps", "--servers", "1", "--nproc", "2", "--ps-mode", "async", "--save-dir", "{tmp}/ck",
-      *QUICK], "needs ps_mode 'sync'"),
+    (["train", "--strategy", "ps", "--servers", "1", "--nproc", "2", "--init-from", "{tmp}/none.safetensors",
+      *QUICK], "not available with strategy 'ps'"),
 ])
 def test_bad_checkpoint_input_is_one_line_and_writes_nothing(argv, message, saved, tmp_path, capsys):
     empty = tmp_path / "empty"

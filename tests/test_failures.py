@@ -66,6 +66,36 @@ def test_a_deadlock_is_stopped_and_says_every_rank_is_alive():
     assert [c["seq"] for c in dump["0"]][-2:] == [2, 3] and dump["0"][-1]["end"] is None
 
 
+TORCHRUN_HANG = """
+import time, torch, torch.distributed as dist
+from ringzero import comm, launch
+from ringzero.watchdog import WatchdogPolicy
+
+def job():
+    for k in range(50):
+        if dist.get_rank() == 1 and k == 3:
+            time.sleep(3600)                     # alive, never arrives
+        comm.all_reduce(torch.ones(1), algorithm="ring")
+
+launch.run(job, watch=WatchdogPolicy(floor_s=3.0), backend="gloo")
+"""
+
+
+@pytest.mark.timeout(150)
+def test_under_torchrun_a_hung_collective_ends_the_job_naming_who_never_arrived(tmp_path):
+    """No ringzero launcher watches a torchrun job: the waiting rank's own flight thread keeps the
+    deadline, names the collective and the rank that never arrived, and exits 1."""
+    script = tmp_path / "hang.py"
+    script.write_text(TORCHRUN_HANG)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(script)], capture_output=True, text=True, timeout=140,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode != 0
+    assert "ringzero: rank 0: a collective did not complete in 3 s (--stall-timeout): all_reduce #3 (" in out.stderr, \
+        out.stderr[:4000]
+    assert "rank 1 (its last there: #2) never arrived" in out.stderr, out.stderr[:4000]
+
+
 @pytest.mark.timeout(120)
 def test_a_hang_in_the_first_step_is_caught_too():
     with pytest.raises(launch.RankError) as err:

@@ -268,12 +268,24 @@ def _root_cause(procs, results, ranks, out, rank, value, grace: float = 1.0):
     return f"rank {r} failed: {_first_line(errors[r])}", r, errors[r]
 
 
+def _watch_collectives(watch: WatchdogPolicy | None) -> threading.Event | None:
+    """Under torchrun: publish this rank's flight recorder to the job's store and, with `watch`,
+    end this rank once a collective is in flight past `watch.floor_s` (`comm.flight_watch`)."""
+    try:
+        store = dist.distributed_c10d._get_default_store()
+    except (RuntimeError, AttributeError):      # a group made without a store (or another torch)
+        return None
+    return flight_watch.start(store, dist.get_rank(), None if watch is None else watch.floor_s,
+                              dist.get_world_size())
+
+
 def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
         watch: WatchdogPolicy | None = None, backend: str = "auto"):
     """Under torchrun, join the job and return this rank's `fn(*args)`; otherwise `spawn` locally.
 
     Returns a list of per-rank results when spawning and a single result under torchrun (whose
-    agent watches its workers itself; `watch` applies to spawned ranks). `backend` under torchrun:
+    agent watches its workers; with `watch`, a collective in flight past `watch.floor_s` ends its
+    rank with the flight recorder's diagnosis). `backend` under torchrun:
     "auto" is NCCL when CUDA is available and gloo otherwise; code whose tensors live on the CPU
     asks for "gloo".
     """
@@ -286,9 +298,12 @@ def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT
             if backend == "nccl":
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+        stop = _watch_collectives(watch)
         try:
             return fn(*args)
         finally:
+            if stop is not None:
+                stop.set()
             # A process group left to the interpreter's exit can abort the process ("terminate
             # called without an active exception") while its threads are torn down.
             if ours and dist.is_initialized():

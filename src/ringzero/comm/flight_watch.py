@@ -10,11 +10,18 @@ When the job stalls, the launcher (`diagnose`) reads every rank's entry: a call 
 waiting for the members whose highest started seq on g is below s, the ranks that never arrived;
 it names the collective, its number and those ranks in one line, and writes every rank's last
 calls to a JSON file (as NCCL's flight recorder dumps its ring buffer when a collective times out).
+
+Under torchrun there is no ringzero launcher to notice the stall, so the thread also keeps the
+deadline itself (`start(..., deadline_s=T)`, as NCCL's watchdog thread does): once one of its
+rank's calls has been in flight T seconds it prints that line (`diagnose`) and ends the process
+with exit code 1, and torchrun's agent stops the other ranks.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
 import threading
 import time
@@ -37,22 +44,41 @@ def state(now: float | None = None) -> dict:
     return out
 
 
-def _loop(store, rank: int, stop: threading.Event) -> None:
+def _loop(store, rank: int, stop: threading.Event, deadline_s: float | None, world: int) -> None:
     last = None
     while not stop.wait(PERIOD):
         try:
-            text = json.dumps(state())
+            now = time.time()
+            mine = state(now)
+            text = json.dumps(mine)
             if text != last:
                 store.set(KEY.format(rank=rank), text)
                 last = text
+            late = [c for c in mine["inflight"] if deadline_s is not None and now - c["start"] > deadline_s]
+            if late:
+                _abort(store, rank, late[0], deadline_s, world)
         except Exception:  # noqa: BLE001 - the store went away: the job is ending
             return
 
 
-def start(store, rank: int) -> threading.Event:
-    """Publish this rank's flight recorder to `store` until the returned event is set."""
+def _abort(store, rank: int, call: dict, deadline_s: float, world: int) -> None:
+    """End this process: its collective `call` has been in flight past the deadline."""
+    time.sleep(2 * PERIOD)                       # the other ranks' latest entries
+    where = diagnose(store, range(world)) or (
+        f"{call['collective']} #{call['seq']} ({call['algorithm']}, {call['bytes']} bytes) on ranks "
+        f"{call['ranks']}: every member arrived, and it is still not done")
+    sys.stderr.write(f"ringzero: rank {rank}: a collective did not complete in {deadline_s:g} s "
+                     f"(--stall-timeout): {where}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def start(store, rank: int, deadline_s: float | None = None, world: int = 0) -> threading.Event:
+    """Publish this rank's flight recorder to `store` until the returned event is set; with
+    `deadline_s`, end the process once one of its `world` ranks' collectives is in flight longer."""
     stop = threading.Event()
-    threading.Thread(target=_loop, args=(store, rank, stop), name="ringzero-flight", daemon=True).start()
+    threading.Thread(target=_loop, args=(store, rank, stop, deadline_s, world), name="ringzero-flight",
+                     daemon=True).start()
     return stop
 
 

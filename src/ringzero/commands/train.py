@@ -169,7 +169,8 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
         ps_options.check_world(cfg, world)          # a straggler's rank
         cfg.placement(world)                       # tp and dp against the world
     if torchrun and cfg.max_restarts:
-        raise ValueError("--max-restarts restarts local ranks; under torchrun use torchrun's own --max-restarts")
+        raise ValueError("--max-restarts restarts local ranks; under torchrun use torchrun's own --max-restarts "
+                         "(with --save-dir, each restart resumes from the newest checkpoint)")
     for flag, inj in (("--inject-nonfinite", cfg.inject_nonfinite), ("--inject-kill", cfg.inject_kill)):
         if inj is not None and inj[0] >= world:
             raise ValueError(f"{flag} rank {inj[0]} is not one of the {world} ranks")
@@ -241,8 +242,9 @@ def _run_with_restarts(cfg: TrainConfig, world: int, args, torchrun: bool, watch
     """Run the job; when a rank fails and restarts are left, run it again from the latest complete
     checkpoint under --save-dir (from the start if there is none yet), without injected faults."""
     from .. import launch
-    from ..checkpoint.save import complete
     attempt = cfg
+    if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        attempt = _restarted(cfg)                 # torchrun's own --max-restarts started this attempt
     for restart in range(cfg.max_restarts + 1):
         try:
             # The engine keeps its tensors on the CPU, so under torchrun too its collectives run on gloo.
@@ -251,13 +253,20 @@ def _run_with_restarts(cfg: TrainConfig, world: int, args, torchrun: bool, watch
         except launch.RankError as exc:
             if restart == cfg.max_restarts or torchrun:
                 raise
-            done = complete(cfg.save_dir)
-            start = os.path.join(cfg.save_dir, done[-1]) if done else cfg.resume
-            print(f"ringzero: {exc.summary}; restart {restart + 1} of {cfg.max_restarts} from "
-                  f"{start or 'the start'}", file=sys.stderr, flush=True)
-            attempt = dataclasses.replace(cfg, resume=start, init_from=None if start else cfg.init_from,
-                                          inject_kill=None, inject_nonfinite=None)
+            attempt = _restarted(cfg, f"{exc.summary}; restart {restart + 1} of {cfg.max_restarts}")
     raise AssertionError("unreachable")
+
+
+def _restarted(cfg: TrainConfig, why: str = "restarted by torchrun") -> TrainConfig:
+    """`cfg` for a restart: from the newest complete checkpoint under --save-dir (the start, or
+    --resume, if there is none yet), without the injected faults that made it fail."""
+    from ..checkpoint.save import complete
+    done = complete(cfg.save_dir) if cfg.save_dir is not None else []
+    start = os.path.join(cfg.save_dir, done[-1]) if done else cfg.resume
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"ringzero: {why} from {start or 'the start'}", file=sys.stderr, flush=True)
+    return dataclasses.replace(cfg, resume=start, init_from=None if start else cfg.init_from,
+                               inject_kill=None, inject_nonfinite=None)
 
 
 def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None) -> None:

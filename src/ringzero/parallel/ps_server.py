@@ -102,7 +102,7 @@ class ParameterServer:
         self.state, self.active = ServerState.SERVING, set(self.workers)
         self.log = ServerLog()
         self.after_update: Callable[[int], None] | None = None
-        """Called with the clock after each synchronous update is answered (a checkpoint's hook)."""
+        """Called with the clock after each update is answered (a checkpoint's hook)."""
 
     def _norm(self, sq: torch.Tensor) -> None:
         """sync: the global Σ g² over the servers; async/ssp: the pushing worker's own (fp32: of its
@@ -171,6 +171,8 @@ class ParameterServer:
         self.ready_at[src] = time.perf_counter()
         self.pending.append((src, step + 1))
         self._release()
+        if self.after_update is not None:
+            self.after_update(self.server_clock())
 
     def _update(self, grad: torch.Tensor, divisor: int, step: int) -> None:
         t0 = time.perf_counter()

@@ -34,9 +34,6 @@ def check(cfg) -> None:
             raise _error(name, f"{name} needs save_dir (where the checkpoints go)")
     if cfg.resume is not None and cfg.init_from is not None:
         raise _error("init_from", "init_from and resume both set the weights; give one")
-    if cfg.strategy == "ps" and cfg.save_dir is not None and cfg.ps_mode != "sync":
-        raise _error("save_dir", f"save_dir with a parameter server needs ps_mode 'sync' (its workers and servers "
-                                 f"share a step), not {cfg.ps_mode!r}")
     if cfg.strategy == "ps" and cfg.init_from is not None:
         raise _error("init_from", "init_from is not available with strategy 'ps'; resume from a checkpoint instead")
 

@@ -29,10 +29,9 @@ def check(cfg) -> None:
     m = cfg.max_nonfinite
     if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         raise FieldError("max_nonfinite", f"max_nonfinite must be an integer >= 1, got {m!r}")
-    for name in ("inject_nonfinite", "inject_kill"):
-        if getattr(cfg, name) is not None and cfg.strategy == "ps":
-            raise FieldError(name, f"{name} is not available with strategy 'ps' (its workers have no optimizer step "
-                                   "to skip)")
+    if cfg.inject_nonfinite is not None and cfg.strategy == "ps":
+        raise FieldError("inject_nonfinite", "inject_nonfinite is not available with strategy 'ps' (its workers "
+                                             "have no optimizer step to skip)")
     for name in ("inject_nonfinite", "inject_kill"):
         inj = getattr(cfg, name)
         if inj is not None and not (len(inj) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
@@ -62,8 +61,7 @@ class NonFinite:
         me = (self.topo.rank, step)
         if self.cfg.inject_nonfinite == me:
             strategy.poison = True
-        if self.cfg.inject_kill == me:
-            os.kill(os.getpid(), signal.SIGKILL)
+        kill_if(self.cfg, *me)
 
     def after(self, step: int, skipped: bool, strategy) -> None:
         """After `step`'s update (before the gradients are zeroed); raises NonFiniteError."""
@@ -89,3 +87,9 @@ class NonFinite:
             self.queue.submit(comm.all_reduce, flags, op="sum", group=self.topo.grid_group, algorithm="torch")
             self.queue.drain()
         return [r for r in range(self.topo.world) if flags[r] > 0]
+
+
+def kill_if(cfg, rank: int, step: int) -> None:
+    """Die here (SIGKILL: no handler, no cleanup) if `cfg.inject_kill` is (`rank`, `step`)."""
+    if cfg.inject_kill == (rank, step):
+        os.kill(os.getpid(), signal.SIGKILL)

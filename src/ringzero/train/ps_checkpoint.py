@@ -1,4 +1,4 @@
-"""Checkpoints of a synchronous parameter-server run, in the format of every other layout.
+"""Checkpoints of a parameter-server run, in the format of every other layout.
 
 The servers hold the state: server s owns [lo, hi) of the flat parameter vector (the worker's
 buckets in order), its values, fp32 master and Adam's moments. Cut by the parameters' offsets in
@@ -6,15 +6,28 @@ that vector, the range is pieces of global tensors ("param/", "master/", "exp_av
 "exp_avg_sq/"), which is all a manifest needs: a parameter-server checkpoint loads into data
 parallelism, ZeRO or tensor parallelism, and theirs into a parameter server.
 
-Saving (sync only: there every worker and server agree on the step). A server writes its pieces
-once its clock reaches a saving step; every worker writes its RNG state after that step; worker
-0, rank 0, publishes once every rank's marker is there (`checkpoint.save.write`). Resuming, a
-worker loads the weights and a server its range, its optimizer's step count and its clock.
+Saving. A server writes its pieces when its clock (the slowest worker's step) reaches a saving
+step k; every worker writes its RNG state after its own step k; worker 0, rank 0, publishes once
+every rank's marker is there (`checkpoint.save.write`), on a thread of its own, so that no worker
+waits for a save. Resuming, every worker continues from step k and every server loads its range,
+its optimizer's step count and sets every worker's clock to k.
+
+What step k means depends on the consistency model (Li et al. 2014, OSDI §4.3 checkpoint each
+server's range on its own, as here):
+
+- sync: every update of steps < k and none after: resumed in the same layout, the run continues
+  bit for bit.
+- async and ssp have no global step. A server's range is taken when its slowest worker's push of
+  step k − 1 has been applied; a faster worker's pushes of later steps may already be in it (ssp:
+  at most S steps' worth), and each server is taken at its own moment. Resuming, those faster
+  workers run their steps after k again, on weights that hold them once already: the restart
+  costs what an asynchronous run's staleness costs, never a state that does not exist.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import torch
 import torch.distributed as dist
@@ -44,7 +57,7 @@ def range_pieces(strategy, lo: int, hi: int, tensors: dict[str, torch.Tensor]) -
 
 def _meta(cfg, workers: int, servers: int, step: int) -> dict:
     layout = {"world": workers + servers, "dp": workers, "tp": 1, "pp": 1, "strategy": "ps", "servers": servers,
-              "precision": cfg.precision}
+              "ps_mode": cfg.ps_mode, "precision": cfg.precision}
     return {"layout": layout, "config": dataclasses.asdict(cfg), "scaler": {}, "optimizer_step": step}
 
 
@@ -62,18 +75,50 @@ class PSSaver:
     def __init__(self, cfg, rank: int, workers: int, servers: int, group) -> None:
         self.cfg, self.rank, self.workers, self.servers = cfg, rank, workers, servers
         self.token = run_token(group, workers + servers)
+        self.last = -1
+        """The newest step this rank saved (async: the server's clock passes each step many times)."""
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
 
     def save(self, step: int, locals_: list[Local]) -> None:
-        """Write this rank's part of the checkpoint after `step` steps (rank 0 publishes it)."""
+        """Write this rank's part of the checkpoint after `step` steps (a server, now: its range
+        changes under the next update) ."""
+        self.last = step
+        write(self.cfg.save_dir, self._snapshot(step, locals_))
+
+    def save_behind(self, step: int) -> None:
+        """A worker's part (its RNG state) on a background thread: worker 0 publishes the
+        checkpoint there once the servers' markers are in, which its own steps must not wait for."""
+        self.wait()
+        snap = self._snapshot(step, [])
+        self.thread = threading.Thread(target=self._write, args=(snap,), name="ringzero-ps-checkpoint", daemon=True)
+        self.thread.start()
+
+    def _snapshot(self, step: int, locals_: list[Local]):
         meta = _meta(self.cfg, self.workers, self.servers, step)
-        snap = snapshot(step, self.rank, self.workers + self.servers, locals_, {"torch": torch.get_rng_state()},
+        return snapshot(step, self.rank, self.workers + self.servers, locals_, {"torch": torch.get_rng_state()},
                         meta, self.token, self.cfg.keep, copy=False)
-        write(self.cfg.save_dir, snap)
+
+    def _write(self, snap) -> None:
+        try:
+            write(self.cfg.save_dir, snap)
+        except BaseException as exc:  # noqa: BLE001 - raised on the training thread by `wait`
+            self.error = exc
+
+    def wait(self) -> None:
+        """Wait for the save in flight; raise its error."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        self.error, error = None, self.error
+        if error is not None:
+            raise error
 
     def after_update(self, server, strategy, lo: int, hi: int):
-        """The server's hook: save when its clock reaches a saving step."""
+        """The server's hook, called with its clock after each update is answered: save when the
+        clock first reaches a saving step."""
         def hook(clock: int) -> None:
-            if due(self.cfg, clock):
+            if clock > self.last and due(self.cfg, clock):
                 self.save(clock, range_pieces(strategy, lo, hi, server_tensors(server)))
         return hook
 

@@ -27,6 +27,7 @@ from .config import TrainConfig
 from .engine import RankResult, Trainer, adam_config
 from . import ps_checkpoint
 from .checkpointing import due
+from .nonfinite import kill_if
 from .straggler import straggle
 from .ps_options import ps_config
 from .step_schedule import StepHooks
@@ -92,9 +93,10 @@ class PSWorker(Trainer):
         phases, totals, start = [], [], time.perf_counter()
         own_val = res.val
         for step in range(self.start, c.steps):
+            kill_if(c, self.index, step)
             ph, loss = self.timed_step(step, res, totals)
             if self.ps_saver is not None and due(c, step + 1):
-                self.ps_saver.save(step + 1, [])          # its RNG; the servers hold the state
+                self.ps_saver.save_behind(step + 1)       # its RNG; the servers hold the state
             phases.append(ph)
             res.losses.append(loss)
             if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
@@ -103,6 +105,8 @@ class PSWorker(Trainer):
             if progress is not None:
                 progress(step, res)
         self.client.stop()
+        if self.ps_saver is not None:
+            self.ps_saver.wait()
         res.ps.update(own_val=list(own_val))      # this worker's own view (async: not the others')
         means = self._mean_over_workers(res.losses + [v for _, v in res.val])
         n = len(res.losses)
@@ -162,9 +166,11 @@ def train_ps_rank(cfg: TrainConfig, group=None, progress=None, keep_params: bool
                              cfg.grad_accum, cfg.lr_at, side if ps.servers > 1 else None)
     if cfg.resume:
         ps_checkpoint.resume_server(server, layout.strategy, lo, hi, cfg.resume)
+    hooks = [lambda clock: kill_if(cfg, me, clock)]     # a server "begins" step k once its clock is k
     if cfg.save_dir:
         saver = ps_checkpoint.PSSaver(cfg, me, ps.workers, ps.servers, group)
-        server.after_update = saver.after_update(server, layout.strategy, lo, hi)
+        hooks.insert(0, saver.after_update(server, layout.strategy, lo, hi))
+    server.after_update = lambda clock: [hook(clock) for hook in hooks]
     layout.close()
     meter = comm.TrafficMeter()
     t0 = time.perf_counter()
