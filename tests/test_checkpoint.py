@@ -33,6 +33,10 @@ LAYOUTS = {
     "zero1-async-save": dict(strategy="zero1", async_save=True),
     "zero3-params-on-cpu": dict(strategy="zero3", offload_params="cpu"),
     "zero3-all-on-nvme": dict(strategy="zero3", offload_params="nvme", offload_optimizer="nvme"),
+    "zero3-zero++": dict(strategy="zero3", zeropp=("qwz", "hpz", "qgz"), hpz_partition=1),
+    "zero2-fp16": dict(strategy="zero2", precision="fp16"),
+    "tp2-sequence-parallel": dict(strategy="dp", tp=2, sequence_parallel=True),
+    "pp2-interleaved": dict(strategy="dp", pp=2, grad_accum=2, schedule="interleaved", virtual_stages=2),
 }
 
 

@@ -40,8 +40,23 @@ def test_an_injected_inf_skips_the_step_on_every_rank(pool, strategy, precision)
     assert res[0].losses[:3] == clean[0].losses[:3] and res[0].params != clean[0].params
 
 
-def test_too_many_in_a_row_stop_the_run_naming_step_and_rank(capsys):
-    code = cli.main(["train", "--nproc", "2", "--inject-nonfinite", "1:2", "--max-nonfinite", "1", *QUICK])
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_parameter_server_skips_a_non_finite_push_and_names_its_worker(pool, mode):
+    """Worker 1's push of step 2 holds an inf: sync, both servers skip that step's update (the
+    global norm is summed over them); async, they skip that one push. The servers name worker 1."""
+    ps = dict(BASE, strategy="ps", servers=2, ps_mode=mode)
+    res = pool.run(_train, TrainConfig(inject_nonfinite=(1, 2), **ps), world=4)
+    for server in res[2:]:
+        assert server.ps["skipped"] == [(2, [1])], server.ps["skipped"]
+    if mode == "sync":
+        clean = pool.run(_train, TrainConfig(**ps), world=4)
+        assert res[0].losses[:3] == clean[0].losses[:3] and res[0].params != clean[0].params
+
+
+@pytest.mark.parametrize("layout", [[], ["--strategy", "ps", "--servers", "1"]])
+def test_too_many_in_a_row_stop_the_run_naming_step_and_rank(capsys, layout):
+    code = cli.main(["train", "--nproc", "2", *layout, "--inject-nonfinite", "1:2", "--max-nonfinite", "1", *QUICK])
     err = capsys.readouterr().err
     assert code == 1, err
     first = err.strip().splitlines()[0]

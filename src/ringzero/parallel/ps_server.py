@@ -31,6 +31,7 @@ carried by the parameters it computed on, the gap SSP bounds by S (sync: 0).
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -74,6 +75,8 @@ class ServerLog:
     steps_by_worker: dict[int, int] = field(default_factory=dict)
     max_lead: int = 0
     """The most steps a worker was let start ahead of the server's clock (ssp: at most S)."""
+    skipped: list[tuple[int, list[int]]] = field(default_factory=list)
+    """(step, workers whose pushed gradient was not finite) of every update skipped for a non-finite norm."""
 
 
 class ParameterServer:
@@ -83,7 +86,8 @@ class ParameterServer:
 
     def __init__(self, shard: torch.Tensor, ps: PSConfig, adam: AdamConfig, workers: Sequence[int], group,
                  grad_accum: int, lr_at: Callable[[int], float],
-                 sum_over_servers: Callable[[torch.Tensor], None] | None = None) -> None:
+                 sum_over_servers: Callable[[torch.Tensor], None] | None = None,
+                 streak: Callable[[int, bool, list[int]], None] | None = None) -> None:
         self.ps, self.workers, self.group = ps, list(workers), group
         self.grad_accum, self.lr_at = grad_accum, lr_at
         self._sum_over_servers, self._push_sq = sum_over_servers, 0.0
@@ -101,6 +105,10 @@ class ParameterServer:
         self.held = {w: 0.0 for w in self.workers}
         self.state, self.active = ServerState.SERVING, set(self.workers)
         self.log = ServerLog()
+        self.sq = {w: 0.0 for w in self.workers}
+        """Each worker's Σ g² of its latest push, as its header said (non-finite: the inf's origin)."""
+        self.streak = streak
+        """Told (step, skipped, workers whose push was not finite) after each update: it may stop the run."""
         self.after_update: Callable[[int], None] | None = None
         """Called with the clock after each update is answered (a checkpoint's hook)."""
 
@@ -141,6 +149,7 @@ class ParameterServer:
         _, (got,) = post(recvs=[(src, self.grad[src])], group=self.group, tag=TAG_GRAD, key=PUSHED)
         got.wait()
         self.ready_at[src] = time.perf_counter()
+        self.sq[src] = sq
         self.log.pushes += 1
         self.log.steps_by_worker[src] = step + 1
         if self.ps.mode == "sync":
@@ -154,7 +163,7 @@ class ParameterServer:
             for w in self.workers[1:]:                  # worker order: the same sum on every run
                 total += self.stash[w]
             self.stash.clear()
-            self._update(total, len(self.workers) * self.grad_accum, step)
+            self._update(total, len(self.workers) * self.grad_accum, step, self.workers)
             self._record(0)
             for w in self.workers:
                 self.clock[w] += 1
@@ -165,7 +174,7 @@ class ParameterServer:
             return
         self._record(step - read)
         self._push_sq = sq
-        self._update(self.grad[src], self.grad_accum, step)
+        self._update(self.grad[src], self.grad_accum, step, [src])
         self.clock[src] += 1
         beacon().step_done(self.server_clock())
         self.ready_at[src] = time.perf_counter()
@@ -174,10 +183,17 @@ class ParameterServer:
         if self.after_update is not None:
             self.after_update(self.server_clock())
 
-    def _update(self, grad: torch.Tensor, divisor: int, step: int) -> None:
+    def _update(self, grad: torch.Tensor, divisor: int, step: int, pushers: list[int]) -> None:
+        """Apply `grad` (the push of `pushers`); a non-finite norm skips it (`ShardedAdam.step`)
+        and the skip is logged with the workers it came from."""
         t0 = time.perf_counter()
-        self.opt.step([grad], divisor=divisor, lr=self.lr_at(step))
+        skipped = self.opt.step([grad], divisor=divisor, lr=self.lr_at(step))["skipped"]
         self.log.update_s.append(time.perf_counter() - t0)
+        origin = [w for w in pushers if not math.isfinite(self.sq[w])] if skipped else []
+        if skipped:
+            self.log.skipped.append((step, origin))
+        if self.streak is not None:
+            self.streak(step, skipped, origin)
 
     def _record(self, staleness: int) -> None:
         self.log.updates += 1

@@ -7,6 +7,8 @@ fp32 there is no scale to lower: the step is counted, and after `max_nonfinite` 
 the run stops with one line naming the step and the ranks whose own gradient was not finite
 before it was reduced (each rank checks its buckets as it reduces them: `FlatStrategy.nonfinite`).
 `inject_nonfinite` (rank, step) puts an inf into that rank's first bucket at that step, on purpose.
+Under a parameter server the servers skip and count (`parallel.ps_server`), and a worker's own
+gradient is the one whose norm in its push header is not finite.
 """
 
 from __future__ import annotations
@@ -29,9 +31,6 @@ def check(cfg) -> None:
     m = cfg.max_nonfinite
     if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         raise FieldError("max_nonfinite", f"max_nonfinite must be an integer >= 1, got {m!r}")
-    if cfg.inject_nonfinite is not None and cfg.strategy == "ps":
-        raise FieldError("inject_nonfinite", "inject_nonfinite is not available with strategy 'ps' (its workers "
-                                             "have no optimizer step to skip)")
     for name in ("inject_nonfinite", "inject_kill"):
         inj = getattr(cfg, name)
         if inj is not None and not (len(inj) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
@@ -73,11 +72,7 @@ class NonFinite:
         if self.fp16:
             return
         self.in_a_row += 1
-        if self.in_a_row >= self.cfg.max_nonfinite:
-            where = (f"an inf or NaN in rank {', '.join(map(str, ranks))}'s own gradient" if ranks else
-                     "in no rank's own gradient before its reduction (tensor-parallel or pipeline traffic)")
-            raise NonFiniteError(f"gradients not finite in {self.in_a_row} step(s) in a row, the last step {step} "
-                                 f"({where}); stopping (max_nonfinite {self.cfg.max_nonfinite})")
+        stop_if(self.in_a_row, self.cfg.max_nonfinite, step, ranks)
 
     def _origin(self, mine: bool) -> list[int]:
         """The grid ranks whose own gradient was not finite (one all-reduce; only on skipped steps)."""
@@ -93,3 +88,26 @@ def kill_if(cfg, rank: int, step: int) -> None:
     """Die here (SIGKILL: no handler, no cleanup) if `cfg.inject_kill` is (`rank`, `step`)."""
     if cfg.inject_kill == (rank, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stop_if(in_a_row: int, limit: int, step: int, ranks: list[int]) -> None:
+    """Raise NonFiniteError once `in_a_row` skipped steps reach `limit`; `ranks`: whose own
+    gradient held the inf or NaN at `step`."""
+    if in_a_row < limit:
+        return
+    where = (f"an inf or NaN in rank {', '.join(map(str, ranks))}'s own gradient" if ranks else
+             "in no rank's own gradient before its reduction (tensor-parallel or pipeline traffic)")
+    raise NonFiniteError(f"gradients not finite in {in_a_row} step(s) in a row, the last step {step} "
+                         f"({where}); stopping (max_nonfinite {limit})")
+
+
+class Streak:
+    """Skipped steps in a row, for a rank that has no `NonFinite` (a parameter server): call it
+    after each update with (step, skipped, origin ranks)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_a_row = limit, 0
+
+    def __call__(self, step: int, skipped: bool, ranks: list[int]) -> None:
+        self.in_a_row = self.in_a_row + 1 if skipped else 0
+        stop_if(self.in_a_row, self.limit, step, ranks)

@@ -27,7 +27,7 @@ from .config import TrainConfig
 from .engine import RankResult, Trainer, adam_config
 from . import ps_checkpoint
 from .checkpointing import due
-from .nonfinite import kill_if
+from .nonfinite import Streak, kill_if
 from .straggler import straggle
 from .ps_options import ps_config
 from .step_schedule import StepHooks
@@ -82,7 +82,10 @@ class PSWorker(Trainer):
             res.activations = hooks.saved_bytes
         compute = time.perf_counter() - t0
         slept = straggle(self.cfg, self.index, compute)
-        blocked, held = self.client.push_pull(self.strategy.reduced_grads(), step)
+        grads = self.strategy.reduced_grads()
+        if self.cfg.inject_nonfinite == (self.index, step):
+            grads[0].view(-1)[0] = float("inf")      # on purpose (`train.nonfinite`)
+        blocked, held = self.client.push_pull(grads, step)
         self.strategy.zero_grad()
         return ({"compute": compute + slept, "straggler": slept, "wait": held, "comm": blocked - held},
                 sum(losses) / len(losses))
@@ -163,7 +166,7 @@ def train_ps_rank(cfg: TrainConfig, group=None, progress=None, keep_params: bool
     flat = torch.cat([w.detach().reshape(-1) for w in layout.strategy.owned_weights()])
     lo, hi = server_ranges(flat.numel(), ps.servers)[me - ps.workers]
     server = ParameterServer(flat[lo:hi].clone(), ps, adam_config(cfg), range(ps.workers), group,
-                             cfg.grad_accum, cfg.lr_at, side if ps.servers > 1 else None)
+                             cfg.grad_accum, cfg.lr_at, side if ps.servers > 1 else None, Streak(cfg.max_nonfinite))
     if cfg.resume:
         ps_checkpoint.resume_server(server, layout.strategy, lo, hi, cfg.resume)
     hooks = [lambda clock: kill_if(cfg, me, clock)]     # a server "begins" step k once its clock is k
@@ -181,6 +184,6 @@ def train_ps_rank(cfg: TrainConfig, group=None, progress=None, keep_params: bool
     res.held = {"params": server.shard.numel() * server.shard.element_size(), "optimizer": server.opt.state_bytes()}
     res.ps = {"range": (lo, hi), "staleness": log.staleness, "updates": log.updates, "pushes": log.pushes,
               "wait_s": log.wait_s, "busy_s": log.busy_s, "seconds": time.perf_counter() - t0,
-              "max_lead": log.max_lead, "update_s": log.update_s,
+              "max_lead": log.max_lead, "update_s": log.update_s, "skipped": log.skipped,
               "keys": (PUSHED, PULLED, CONTROL)}
     return res
