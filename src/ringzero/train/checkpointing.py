@@ -43,6 +43,33 @@ def _scaler(trainer) -> dict:
     return {k: getattr(s, k) for k in ("scale", "good_steps", "skipped") if hasattr(s, k)}
 
 
+class Behind:
+    """One write at a time on a background thread; `wait` joins it and raises its error there."""
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self, fn, *args) -> None:
+        def run() -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - raised on the training thread by `wait`
+                self.error = exc
+        self.wait()
+        self.thread = threading.Thread(target=run, name="ringzero-checkpoint", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> None:
+        """Wait for the write in flight; raise its error."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        self.error, error = None, self.error
+        if error is not None:
+            raise error
+
+
 class Saver:
     """The run's checkpoint writer (`checkpoint.save`): synchronous, or with `cfg.async_save` one
     save at a time on a background thread while training goes on. `blocked_s`: what each save
@@ -52,8 +79,7 @@ class Saver:
     def __init__(self, trainer) -> None:
         self.cfg, self.topo = trainer.cfg, trainer.topo
         self.token = run_token(self.topo.grid_group, self.topo.world)
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
+        self.behind = Behind()
         self.blocked_s: list[float] = []
         self.write_s: list[float] = []
 
@@ -69,35 +95,27 @@ class Saver:
             snap = snapshot(step, t.rank, t.world, pieces(trainer.strategy, t, trainer.opt, writing=True),
                             _rng(trainer), meta, self.token, c.keep, copy=c.async_save or c.offload_params != "none")
         if c.async_save:
-            self.thread = threading.Thread(target=self._write, args=(snap,), name="ringzero-checkpoint", daemon=True)
-            self.thread.start()
+            self.behind.start(self._write, snap)
             self.blocked_s.append(time.perf_counter() - t0)
             return None
-        path = self._write(snap)
-        if t.world > 1:
-            dist.barrier(group=t.grid_group)       # everyone returns once rank 0 has published it
-        self.blocked_s.append(time.perf_counter() - t0)
-        self.wait()                                # raises the write's error, if it had one
+        try:
+            path = self._write(snap)
+        finally:
+            if t.world > 1:
+                dist.barrier(group=t.grid_group)   # everyone returns once rank 0 has published it
+            self.blocked_s.append(time.perf_counter() - t0)
         return path
 
     def _write(self, snap) -> str | None:
         t0 = time.perf_counter()
         try:
             return write(self.cfg.save_dir, snap)
-        except BaseException as exc:  # noqa: BLE001 - raised on the training thread at the next save
-            self.error = exc
         finally:
             self.write_s.append(time.perf_counter() - t0)
-        return None
 
     def wait(self) -> None:
         """Wait for the save in flight; raise its error."""
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        self.error, error = None, self.error
-        if error is not None:
-            raise error
+        self.behind.wait()
 
     def summary(self) -> dict:
         return {"saves": len(self.blocked_s), "blocked_s": list(self.blocked_s), "write_s": list(self.write_s),

@@ -27,7 +27,6 @@ server's range on its own, as here):
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import torch
 import torch.distributed as dist
@@ -35,7 +34,7 @@ import torch.distributed as dist
 from ..checkpoint.load import Reader, fill, resolve
 from ..checkpoint.save import snapshot, write
 from ..checkpoint.state import Local, pieces
-from .checkpointing import due, run_token
+from .checkpointing import Behind, due, run_token
 
 
 def range_pieces(strategy, lo: int, hi: int, tensors: dict[str, torch.Tensor]) -> list[Local]:
@@ -77,8 +76,7 @@ class PSSaver:
         self.token = run_token(group, workers + servers)
         self.last = -1
         """The newest step this rank saved (async: the server's clock passes each step many times)."""
-        self.thread: threading.Thread | None = None
-        self.error: BaseException | None = None
+        self.behind = Behind()
 
     def save(self, step: int, locals_: list[Local]) -> None:
         """Write this rank's part of the checkpoint after `step` steps (a server, now: its range
@@ -89,30 +87,16 @@ class PSSaver:
     def save_behind(self, step: int) -> None:
         """A worker's part (its RNG state) on a background thread: worker 0 publishes the
         checkpoint there once the servers' markers are in, which its own steps must not wait for."""
-        self.wait()
-        snap = self._snapshot(step, [])
-        self.thread = threading.Thread(target=self._write, args=(snap,), name="ringzero-ps-checkpoint", daemon=True)
-        self.thread.start()
+        self.behind.start(write, self.cfg.save_dir, self._snapshot(step, []))
 
     def _snapshot(self, step: int, locals_: list[Local]):
         meta = _meta(self.cfg, self.workers, self.servers, step)
         return snapshot(step, self.rank, self.workers + self.servers, locals_, {"torch": torch.get_rng_state()},
                         meta, self.token, self.cfg.keep, copy=False)
 
-    def _write(self, snap) -> None:
-        try:
-            write(self.cfg.save_dir, snap)
-        except BaseException as exc:  # noqa: BLE001 - raised on the training thread by `wait`
-            self.error = exc
-
     def wait(self) -> None:
         """Wait for the save in flight; raise its error."""
-        if self.thread is not None:
-            self.thread.join()
-            self.thread = None
-        self.error, error = None, self.error
-        if error is not None:
-            raise error
+        self.behind.wait()
 
     def after_update(self, server, strategy, lo: int, hi: int):
         """The server's hook, called with its clock after each update is answered: save when the
