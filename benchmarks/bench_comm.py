@@ -89,7 +89,8 @@ def auto_cells(rows: list[dict], pickers: dict) -> list[dict]:
 
 def pickers(cal: Calibration, cal_rows: list[dict], rpn: int | None) -> dict:
     """`auto` as the library runs it, the shared model alone, the defaults, and the noise floor."""
-    shared, before = Calibration(model=cal.model), _times(cal_rows)
+    shared = Calibration(model=cal.model, overlap={k: v for k, v in cal.overlap.items() if k == "shared"})
+    before = _times(cal_rows)
     return {
         "auto": lambda w, s: select.choose("all_reduce", w, s, _node(rpn, w)),
         "shared": lambda w, s: select.best("all_reduce", w, s, _node(rpn, w), shared),

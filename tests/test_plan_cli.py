@@ -85,7 +85,7 @@ def test_gpus_tokens_and_hardware_flags(capsys):
                "--intra-bw", "450GB/s", "--gpus-per-node", "4", "--days", "10"], capsys)
     p, hw = d["inputs"]["parallel"], d["inputs"]["hardware"]
     assert (p["dp"], p["tp"], p["pp"]) == (4, 2, 2) and d["inputs"]["tokens"] == 300e9
-    assert (hw["mfu"], hw["hbm_bytes"], hw["inter_bw"], hw["intra_bw"], hw["gpus_per_node"]) == \
+    assert (hw["target_mfu"], hw["hbm_bytes"], hw["inter_bw"], hw["intra_bw"], hw["gpus_per_node"]) == \
         (0.4, 40 * 2**30, 25e9, 450e9, 4)
     assert d["gpus_for_days"]["days"] == 10 and d["gpus_for_days"]["gpus"] >= 1
     assert d["comm"]["tp"] > 0 and d["comm"]["pp"] > 0 and d["comm"]["dp"] > 0

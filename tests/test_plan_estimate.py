@@ -49,7 +49,8 @@ def test_json_schema_keys_and_consistency():
     assert set(d["comm"]) == set(KINDS) and all(d["comm"][k] > 0 for k in ("zero", "tp", "pp"))
     assert d["comm"]["dp"] == 0                       # ZeRO-1 replaces the plain all-reduce
     t = d["time"]
-    assert t["step"] == pytest.approx(t["compute"] + t["exposed_comm"] + t["bubble"] + t["offload"])
+    assert t["step"] == pytest.approx(t["compute"] + t["exposed_comm"] + t["bubble"] + t["offload"]
+                                      + t["optimizer"])
     assert 0 <= t["exposed_comm"] <= t["comm"]
     assert d["tokens_per_s"] == pytest.approx(64 * 4096 / t["step"])
     assert d["inputs"]["parallel"]["tp"] == 2 and d["inputs"]["gpus"] == 32
@@ -100,7 +101,7 @@ def test_default_tokens_and_preset_tokens():
     (lambda: Parallel(sequence_parallel=True), "needs tp > 1"),
     (lambda: Parallel(recompute="some"), "allowed: none, selective, full"),
     (lambda: Parallel(dp=0), "dp must be >= 1"),
-    (lambda: Hardware(peak_flops=1e12, hbm_bytes=1, intra_bw=1, inter_bw=1, mfu=1.5), "mfu must be in"),
+    (lambda: Hardware(peak_flops=1e12, hbm_bytes=1, intra_bw=1, inter_bw=1, target_mfu=1.5), "target_mfu must be in"),
     (lambda: hardware("tpu"), "allowed: a100-40gb"),
     (lambda: model("gpt5"), "allowed: nano"),
     (lambda: Training(micro_batch=2, global_batch=6).accumulation(2), "multiple of micro_batch x dp"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 from hypothesis import given, settings
@@ -105,9 +106,15 @@ def test_boundary_traffic_is_split_over_tp(sp):
     b, s, h, k = 2, 2048, 4096, 2
     m, tr = dataclasses.replace(LLAMA7, seq=s), Training(micro_batch=b, global_batch=4 * b)
     (alone,) = pipeline_ops(m, tr, Parallel(pp=4), 8)
-    (split,) = pipeline_ops(m, tr, Parallel(tp=4, pp=4, sequence_parallel=sp), 8)
+    split, *gather = pipeline_ops(m, tr, Parallel(tp=4, pp=4, sequence_parallel=sp), 8)
     assert alone.bytes_sent == pipeline.boundary_bytes(4, b, s, h, k)       # a middle stage, both ways
     assert split.bytes_sent == pipeline.boundary_bytes(4, b, s, h, k, 4) == alone.bytes_sent / 4
+    # Scatter/gather rebuilds each arriving slice with an all-gather over tp; sequence parallelism
+    # keeps the slice (Narayanan et al. 2021 §4.1; Korthikanti et al. 2022 §4.2.2).
+    assert len(gather) == (0 if sp else 1)
+    if gather:
+        assert (gather[0].kind, gather[0].collective, gather[0].calls) == ("tp", "all_gather", split.calls)
+        assert gather[0].bytes_sent == split.calls * 3 / 4 * b * s * h * k and not gather[0].spans_nodes
     assert buffer_bytes(m, tr, Parallel(tp=4, pp=4, sequence_parallel=sp)) == 2 * b * s * h * k // 4
 
 
@@ -193,3 +200,36 @@ def test_messages_and_held_bytes_follow_the_actions():
     assert sum(x["activations_sent"] for x in inter) == 4 * (2 * 2 - 1)
     assert pipeline.held_at_peak(0, 2, 4, "gpipe", sizes=[3.0, 5.0]) == 4 * 3.0
     assert pipeline.held_at_peak(1, 2, 4, "1f1b", sizes=[3.0, 5.0]) == 5.0
+
+
+def _partition_every_start(costs, chunks, first=0.0, last=0.0):
+    """The reference: the same dynamic programme trying every start of every chunk."""
+    n, prefix = len(costs), [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    cost = lambda k, a, b: prefix[b] - prefix[a] + (first if k == 0 else 0.0) + (last if k == chunks - 1 else 0.0)  # noqa: E731
+    best = [[math.inf] * (n + 1) for _ in range(chunks)]
+    cut = [[0] * (n + 1) for _ in range(chunks)]
+    for j in range(1, n + 1):
+        best[0][j] = cost(0, 0, j)
+    for k in range(1, chunks):
+        for j in range(k + 1, n + 1):
+            for a in range(k, j):
+                c = max(best[k - 1][a], cost(k, a, j))
+                if c < best[k][j] - 1e-12:
+                    best[k][j], cut[k][j] = c, a
+    bounds, j = [n], n
+    for k in range(chunks - 1, 0, -1):
+        j = cut[k][j]
+        bounds.append(j)
+    return [range(a, b) for a, b in zip([0, *reversed(bounds)][:-1], [*reversed(bounds)])]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=40), st.data())
+def test_the_bisected_partition_is_the_exhaustive_one(costs, data):
+    """`partition` finds each chunk's start by bisection; it cuts exactly as trying every start."""
+    costs = [float(c) for c in costs]
+    chunks = data.draw(st.integers(1, len(costs)))
+    first, last = data.draw(st.integers(0, 30)), data.draw(st.integers(0, 60))
+    assert pipeline.partition(costs, chunks, first, last) == _partition_every_start(costs, chunks, first, last)

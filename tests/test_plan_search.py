@@ -14,7 +14,7 @@ from ringzero.plan.config import Parallel, Training
 from ringzero.plan.estimate import estimate, to_dict
 from ringzero.plan.hardware import Hardware, hardware
 from ringzero.plan.presets import model
-from ringzero.plan.search import Space, _configurations, _evaluate, label, search
+from ringzero.plan.search import TIE_RTOL, Space, _configurations, _evaluate, label, search
 from ringzero.plan.shapes import ModelShape
 
 SMALL = Space(micro_batches=(1, 2, 4), offload=("none", "cpu", "nvme"), schedules=("1f1b", "gpipe"))
@@ -42,7 +42,8 @@ def test_every_result_fits_and_is_a_valid_split(m, gpus, per_node, hbm_gb, top, 
     r = search(m, Training(global_batch=global_batch), hw, gpus, space=SMALL, top=top)
     assert len(r.best) == min(top, r.fitting) and r.fitting <= r.evaluated
     steps = [e.time.step for e in r.best]
-    assert steps == sorted(steps)
+    # fastest first; steps within TIE_RTOL are a tie, ranked by memory instead
+    assert all(b >= a * (1 - TIE_RTOL) for a, b in zip(steps, steps[1:]))
     for e in r.best:
         p = e.parallel
         assert e.fits and e.memory.total <= hw.hbm_bytes
@@ -185,11 +186,11 @@ def test_bad_arguments_raise(gpus, top):
 
 
 def test_ties_in_step_time_go_to_the_layout_with_less_memory():
-    """Sequence parallelism moves the same bytes as its all-reduce: equal step time, less memory."""
+    """Sequence parallelism moves the same bytes as its all-reduce and splits the norms and dropouts
+    over tp (Korthikanti et al. 2022 §4.2.2): never slower, less memory, so it ranks first; any tie
+    goes to the layout with less memory."""
     r = search(model("llama-2-7b"), Training(), hardware("a100-80gb"), 8, top=12)
-    steps = [b.time.step for b in r.best]
-    assert len(set(steps)) < len(steps), "no tie to test"
     for a, b in zip(r.best, r.best[1:]):
-        if a.time.step == b.time.step:
+        if b.time.step <= a.time.step * (1 + TIE_RTOL):
             assert a.memory.total <= b.memory.total, (label(a), label(b))
     assert r.best[0].parallel.sequence_parallel

@@ -226,7 +226,8 @@ def test_3d_example_32_gpus():
     e = estimate(m, Training(micro_batch=4), Parallel(dp=2, tp=4, pp=4), hardware("a100-80gb"))
     local = math.ceil(param_count(m).total / 16)
     assert e.comm_bytes("dp") == 2 * (2 - 1) / 2 * local * 2
-    assert e.comm_bytes("tp") == 4 * 2 * 3 / 4 * 4 * 2048 * 4096 * 2 * (32 // 4)   # 8 layers per stage
+    # 8 layers per stage, and the all-gather of each 1/t slice a stage receives (the scatter/gather)
+    assert e.comm_bytes("tp") == 4 * 2 * 3 / 4 * 4 * 2048 * 4096 * 2 * (32 // 4) + 2 * 3 / 4 * 4 * 2048 * 4096 * 2
     # A middle stage's tp rank sends its 1/t slice of each activation and gradient (Narayanan et al.
     # 2021 §4.1's scatter/gather).
     assert e.comm_bytes("pp") == 2 * 4 * 2048 * 4096 * 2 // 4

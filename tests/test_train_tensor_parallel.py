@@ -22,8 +22,10 @@ from ringzero.train.engine import train_rank
 BASE = dict(model="nano", steps=2, micro_batch=2, grad_accum=2, eval_every=100, eval_batches=1,
             max_bytes=1 << 16, clip=0.5, comm_algorithm="ring")
 RTOL = 1e-5
-ATOL_PARAMS = 2e-6
-"""Adam normalises each step, so rounding in a near-zero gradient moves a weight by up to ~lr·1e-4."""
+ATOL_PARAMS = 1e-5
+"""Adam normalises each step, so rounding in a near-zero gradient moves a weight by up to ~lr·1e-3
+(lr 3e-3; the reduction order differs between tp and dp). Seen up to 2.2e-6 (earlier machines
+stayed under 2e-6); a wrong gradient moves weights by ~lr."""
 
 
 def _run(group, kw):

@@ -37,3 +37,15 @@ def test_bandwidths_take_bits_and_per_second():
     assert parse_bytes("8Gbit/s", "--inter-bw", per_second=True) == 1e9
     with pytest.raises(ValueError, match="unknown unit 'gbit'"):
         parse_bytes("8Gbit", "--hbm")
+
+
+def test_a_pickled_shape_or_gpu_leaves_its_cached_hash_behind():
+    """String hashes are salted per process: a hash cached in one must not travel to a rank."""
+    import pickle
+
+    from ringzero.plan.hardware import hardware
+    from ringzero.plan.presets import model
+    for obj in (model("gpt2"), hardware("a100-80gb")):
+        hash(obj)
+        again = pickle.loads(pickle.dumps(obj))
+        assert "_hash" not in again.__dict__ and again == obj and hash(again) == hash(obj)

@@ -71,6 +71,9 @@ def print_calibration(cal, path, console: Console | None = None) -> None:
                       f"max {shared['max']:.1%}")
     for key, model in sorted(cal.per_algorithm.items()):
         console.print(f"  {key}: {describe_model(model)}")
+    for key, coefs in sorted(cal.overlap.items()):
+        console.print(f"  {key}, bytes overlapped by the pipeline: "
+                      + ", ".join(f"{k} = {v * 1e9:.4f} ns/B" for k, v in coefs.items()))
     if err:
         console.print(f"  fit error (per-algorithm models, {err['rows']} rows): median "
                       f"{err['median']:.1%}, max {err['max']:.1%}")

@@ -21,14 +21,21 @@ non-power-of-two world is folded), which one shared model cannot express. An own
 only if it wins a cross-validation on the algorithm's rows (`_own_model`); on a noisy machine the
 rest would fit noise. The fit error (median and max relative error) is stored with it.
 
+A pipelined algorithm (the ring: `plan.comm_volume.overlapped_bytes`) moves part of its bytes off
+the critical path, behind earlier segments. Those bytes leave the β and host_beta columns for two
+of their own (`OVERLAP`: the slowest rank's overlapped bytes, and all ranks' together), fitted in
+the same least squares: β and host_beta when nothing overlaps, 0 when the pipeline hides them
+completely. Every model stores its own pair (`Calibration.overlap`); a model fitted without rows
+of a pipelined algorithm has none and prices every byte at β.
+
 File: `path` argument, else `CommConfig.calibration`, else $RINGZERO_CALIBRATION, else
 ~/.cache/ringzero/calibration.json.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import itertools
 import json
 import os
 import platform
@@ -40,13 +47,13 @@ import numpy as np
 from ..plan.comm_volume import Volume, call_for, volume
 from ..plan.network import FEATURES, RANK_FEATURES, AlphaBetaGamma, features, rank_features, slowest_rank
 from .config import get_config
+from .nnls import nnls
+from .ring_overlap import COLUMNS, OVERLAP, overlap_credit, overlapped  # noqa: F401  (part of this module's API)
 
 SCHEMA = 1
 DEFAULT_PATH = "~/.cache/ringzero/calibration.json"
 MIN_ROWS_PER_ALGORITHM = 2 * len(FEATURES)
 """An algorithm gets its own coefficients only with at least this many rows (else the shared model)."""
-
-
 def calibration_file(path: str | os.PathLike | None = None) -> str:
     """Where the calibration lives, as a string (cheap: `select` asks on every "auto" call)."""
     chosen = path or get_config().calibration or os.environ.get("RINGZERO_CALIBRATION") or DEFAULT_PATH
@@ -70,14 +77,22 @@ class Calibration:
     """Relative fit errors: {"median", "max", "rows", "shared": {"median", "max"}}."""
     meta: dict = field(default_factory=dict)
     """Where and when it was measured."""
+    overlap: dict[str, dict[str, float]] = field(default_factory=dict)
+    """"shared" or "collective/algorithm" (the model it belongs to) -> {"beta", "host_beta"}:
+    seconds per byte moved behind an earlier segment of a pipeline (`OVERLAP`); absent: none."""
 
     def model_for(self, collective: str, algorithm: str) -> AlphaBetaGamma:
         return self.per_algorithm.get(f"{collective}/{algorithm}", self.model)
 
+    def overlap_for(self, collective: str, algorithm: str) -> dict[str, float] | None:
+        """The overlap coefficients of the model that prices `algorithm` (None: every byte at β)."""
+        key = f"{collective}/{algorithm}"
+        return self.overlap.get(key if key in self.per_algorithm else "shared")
+
     def to_json(self) -> dict:
         return {"schema": SCHEMA, "model": self.model.as_dict(),
                 "per_algorithm": {k: m.as_dict() for k, m in sorted(self.per_algorithm.items())},
-                "error": self.error, "meta": self.meta}
+                "overlap": dict(sorted(self.overlap.items())), "error": self.error, "meta": self.meta}
 
     @classmethod
     def from_json(cls, data: dict) -> "Calibration":
@@ -85,7 +100,14 @@ class Calibration:
             raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA}")
         return cls(model=_model(data["model"]),
                    per_algorithm={k: _model(m) for k, m in data.get("per_algorithm", {}).items()},
-                   error=data.get("error", {}), meta=data.get("meta", {}))
+                   error=data.get("error", {}), meta=data.get("meta", {}),
+                   overlap={k: _overlap(v) for k, v in data.get("overlap", {}).items()})
+
+
+def _overlap(coefs: dict) -> dict[str, float]:
+    if set(coefs) != set(OVERLAP) or not all(isinstance(v, (int, float)) and v >= 0 for v in coefs.values()):
+        raise ValueError(f"overlap coefficients must be {' and '.join(OVERLAP)} (>= 0), got {coefs!r}")
+    return {k: float(coefs[k]) for k in OVERLAP}
 
 
 def _model(coefs: dict) -> AlphaBetaGamma:
@@ -119,69 +141,63 @@ def save(cal: Calibration, path: str | os.PathLike | None = None) -> Path:
     return p
 
 
-def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """argmin ||a x - b|| subject to x >= 0, exactly, by trying every support set.
-
-    With a handful of columns (8 here) that is 255 small least-squares solves: simpler than
-    Lawson-Hanson and exact. Columns are scaled to unit norm first (bytes and rounds differ by
-    ~10^6). Among supports with the same residual the smaller one wins, so collinear features
-    (rounds are constant at one world size) do not get arbitrary splits.
-    """
-    cols = a.shape[1]
-    norms = np.linalg.norm(a, axis=0)
-    scale = np.where(norms > 0, norms, 1.0)
-    a_s = a / scale
-    best_x, best_res = np.zeros(cols), float(np.dot(b, b))
-    for k in range(1, cols + 1):
-        for support in itertools.combinations(range(cols), k):
-            idx = list(support)
-            sol = np.linalg.lstsq(a_s[:, idx], b, rcond=None)[0]
-            if np.any(sol < 0):
-                continue
-            r = b - a_s[:, idx] @ sol
-            res = float(np.dot(r, r))
-            if res < best_res * (1 - 1e-9) - 1e-300:
-                best_x, best_res = np.zeros(cols), res
-                best_x[idx] = sol
-    return best_x / scale
+def _row_call(row: dict):
+    return call_for(row["collective"], row["algorithm"], row["world"], row["count"],
+                    row.get("itemsize", 4), root=0, ranks_per_node=row.get("ranks_per_node"))
 
 
 def row_volumes(row: dict) -> list[Volume]:
     """Every rank's exact traffic for the call a benchmark row measured."""
-    call = call_for(row["collective"], row["algorithm"], row["world"], row["count"],
-                    row.get("itemsize", 4), root=0, ranks_per_node=row.get("ranks_per_node"))
+    call = _row_call(row)
     return [volume(call, r) for r in range(call.n)]
 
 
-def _fit_rows(vols: list[list[Volume]], times: np.ndarray, iterations: int = 8) -> AlphaBetaGamma:
-    """Weighted NNLS with the slowest-rank picks re-done until they are stable."""
+def row_overlap(row: dict, vols: list[Volume]) -> tuple[float, float]:
+    """`overlapped` for the call a benchmark row measured."""
+    return overlapped(_row_call(row), vols)
+
+
+def _fit_rows(vols: list[list[Volume]], times: np.ndarray, ovs: np.ndarray | None = None,
+              iterations: int = 8) -> tuple[AlphaBetaGamma, dict[str, float] | None]:
+    """Weighted NNLS with the slowest-rank picks re-done until they are stable; with the rows'
+    overlapped bytes `ovs` (rows x `OVERLAP`) also their coefficients, else None."""
     k = len(RANK_FEATURES)
+    ov = ovs if ovs is not None and np.any(ovs > 0) else None
     # First guess at the slowest rank: the maximum of every per-rank feature over ranks.
     x = np.array([np.concatenate([np.max([rank_features(v) for v in vs], axis=0), features(vs, 0)[k:]])
                   for vs in vols])
-    picks = None
-    w = 1.0 / times
+    picks, w = None, 1.0 / times
     for _ in range(iterations):
-        model = AlphaBetaGamma.from_coefficients(nnls(x * w[:, None], np.ones_like(times)))  # (a·x - t)/t
+        if ov is not None:      # the overlapped bytes move from β and host_beta to columns of their own
+            x[:, COLUMNS] = np.maximum(0.0, x[:, COLUMNS] - ov)
+            x = np.column_stack([x, ov])
+        coefs = nnls(x * w[:, None], np.ones_like(times))                   # (a·x - t)/t
+        model = AlphaBetaGamma.from_coefficients(coefs[:len(FEATURES)])
         new = [slowest_rank(vs, model) for vs in vols]
         if new == picks:
             break
         picks = new
         x = np.array([features(vs, p) for vs, p in zip(vols, picks)])
-    return model
+    return model, (dict(zip(OVERLAP, map(float, coefs[len(FEATURES):]))) if ov is not None else None)
 
 
-def predict_row(vols: list[Volume], model: AlphaBetaGamma) -> float:
-    """Seconds `model` predicts for a call with these per-rank volumes (as `network.predict`)."""
-    return float(np.dot(model.coefficients(), features(vols, slowest_rank(vols, model))))
+def predict_row(vols: list[Volume], model: AlphaBetaGamma, ov=(0.0, 0.0), coefs: dict | None = None) -> float:
+    """Seconds `model` predicts for a call with these per-rank volumes (as `network.predict`), less
+    `overlap_credit`."""
+    base = float(np.dot(model.coefficients(), features(vols, slowest_rank(vols, model))))
+    return base - overlap_credit(model, coefs, ov)
 
 
-def relative_errors(rows: list[dict], model_for, vols: list[list[Volume]] | None = None) -> np.ndarray:
-    """|predicted - measured| / measured for every row; `model_for(collective, algorithm)`."""
+def relative_errors(rows: list[dict], model_for, vols: list[list[Volume]] | None = None,
+                    overlap_for=None) -> np.ndarray:
+    """|predicted - measured| / measured for every row; `model_for(collective, algorithm)` and
+    `overlap_for(collective, algorithm)` (its overlap coefficients; None: no overlap credited)."""
     vols = vols if vols is not None else [row_volumes(r) for r in rows]
     out = []
     for row, vs in zip(rows, vols):
-        pred = predict_row(vs, model_for(row["collective"], row["algorithm"]))
+        key = (row["collective"], row["algorithm"])
+        ov = row_overlap(row, vs) if overlap_for is not None else (0.0, 0.0)
+        pred = predict_row(vs, model_for(*key), ov, overlap_for(*key) if overlap_for is not None else None)
         out.append(abs(pred - row["time_us"] * 1e-6) / (row["time_us"] * 1e-6))
     return np.array(out)
 
@@ -198,8 +214,10 @@ On the development machine a bare win (1.0) kept models that fitted noise: acros
 at 0.8 they pick as well (84 %) and are kept only where an algorithm really departs from it."""
 
 
-def _own_model(vols: list[list[Volume]], times: np.ndarray, shared: AlphaBetaGamma) -> AlphaBetaGamma | None:
-    """An algorithm's own model, if it predicts its held-out rows better than the shared one.
+def _own_model(vols: list[list[Volume]], times: np.ndarray, ovs: np.ndarray,
+               shared: tuple[AlphaBetaGamma, dict | None]) -> tuple[AlphaBetaGamma, dict | None] | None:
+    """An algorithm's own (model, overlap coefficients), if it predicts its held-out rows better
+    than the shared one.
 
     With 8 coefficients fitted to a few dozen noisy rows an algorithm's own model can fit its
     noise: it is kept only if, in a CV_FOLDS-fold cross-validation over its rows, the median
@@ -210,12 +228,12 @@ def _own_model(vols: list[list[Volume]], times: np.ndarray, shared: AlphaBetaGam
     held, base = [], []
     for fold in range(CV_FOLDS):
         test = np.arange(len(times)) % CV_FOLDS == fold
-        model = _fit_rows([v for v, t in zip(vols, test) if not t], times[~test])
-        for v, t, secs in zip(vols, test, times):
+        own = _fit_rows([v for v, t in zip(vols, test) if not t], times[~test], ovs[~test])
+        for v, t, secs, ov in zip(vols, test, times, ovs):
             if t:
-                held.append(abs(predict_row(v, model) - secs) / secs)
-                base.append(abs(predict_row(v, shared) - secs) / secs)
-    return _fit_rows(vols, times) if np.median(held) < OWN_MARGIN * np.median(base) else None
+                held.append(abs(predict_row(v, own[0], ov, own[1]) - secs) / secs)
+                base.append(abs(predict_row(v, shared[0], ov, shared[1]) - secs) / secs)
+    return _fit_rows(vols, times, ovs) if np.median(held) < OWN_MARGIN * np.median(base) else None
 
 
 SIZE_SPREAD = 2.0
@@ -261,19 +279,21 @@ def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None) 
     check_sizes(r["count"] * r.get("itemsize", 4) for r in rows)
     vols = [row_volumes(r) for r in rows]
     times = np.array([r["time_us"] * 1e-6 for r in rows])
-    shared = _fit_rows(vols, times)
-    own: dict[str, AlphaBetaGamma] = {}
+    ovs = np.array([row_overlap(r, v) for r, v in zip(rows, vols)])
+    shared = _fit_rows(vols, times, ovs)
+    own: dict[str, tuple[AlphaBetaGamma, dict | None]] = {}
     if per_algorithm:
         keys = sorted({f"{r['collective']}/{r['algorithm']}" for r in rows})
         for key in keys:
             idx = [i for i, r in enumerate(rows) if f"{r['collective']}/{r['algorithm']}" == key]
-            model = _own_model([vols[i] for i in idx], times[idx], shared)
-            if model is not None:
-                own[key] = model
-    cal = Calibration(model=shared, per_algorithm=own)
-    errs = relative_errors(rows, cal.model_for, vols)
-    shared_errs = relative_errors(rows, lambda c, a: shared, vols)
+            fitted = _own_model([vols[i] for i in idx], times[idx], ovs[idx], shared)
+            if fitted is not None:
+                own[key] = fitted
+    overlap = {k: b for k, (_, b) in {"shared": shared, **own}.items() if b is not None}
+    cal = Calibration(model=shared[0], per_algorithm={k: m for k, (m, _) in own.items()}, overlap=overlap)
+    errs = relative_errors(rows, cal.model_for, vols, cal.overlap_for)
+    shared_errs = relative_errors(rows, lambda c, a: shared[0], vols, lambda c, a: shared[1])
     error = {**_summary(errs), "rows": len(rows), "shared": _summary(shared_errs)}
     info = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "cpus": os.cpu_count(), **(meta or {})}
-    return Calibration(model=shared, per_algorithm=own, error=error, meta=info)
+    return dataclasses.replace(cal, error=error, meta=info)

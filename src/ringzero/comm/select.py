@@ -4,7 +4,9 @@ For a call of `nbytes` on `n` ranks, every algorithm of the collective is priced
 `plan.network.predict` (the slowest rank's rounds, messages, bytes and bytes reduced, from the
 exact traffic formulas) using the calibration of this machine (`comm.cost`, fitted by
 `ringzero bench comm --calibrate`), or `plan.network.DEFAULT` when there is none; the cheapest
-wins, ties going to the first in `plan.algorithms` order. This is how MPICH picks between its
+wins, ties going to the first in `plan.algorithms` order. A calibration also prices the ring's
+pipeline: the bytes it moves behind earlier segments, off its critical path, at their own fitted
+coefficients (`plan.comm_volume.overlapped_bytes`, `cost.overlap_credit`). This is how MPICH picks between its
 algorithms (Thakur, Rabenseifner & Gropp 2005), with measured instead of hand-set thresholds, and
 it reproduces the usual rule of thumb: ring for few ranks and large tensors, Rabenseifner or trees
 when messages are small and α dominates.
@@ -27,7 +29,7 @@ import os
 
 from ..plan.algorithms import spans_nodes_ok
 from ..plan.chunks import chunk_sizes
-from ..plan.comm_volume import Call, formula
+from ..plan.comm_volume import PIPELINED, Call, formula, volumes
 from ..plan.network import DEFAULT, predict
 from . import cost, registry
 
@@ -76,8 +78,16 @@ def _model(collective: str, algorithm: str, cal):
 
 
 def _price(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> float:
+    """`network.predict` less the calibrated credit for the bytes a pipelined algorithm moves behind
+    earlier segments (`cost.overlap_credit`; none without a calibration). "torch" gets none: the
+    backend's own collective is not ringzero's pipeline."""
     call = _call(collective, formula(collective, algorithm), n, max(0, nbytes), ranks_per_node)
-    return predict(call, _model(collective, algorithm, cal))
+    model = _model(collective, algorithm, cal)
+    seconds = predict(call, model)
+    if cal is None or (collective, algorithm) not in PIPELINED or not seconds:
+        return seconds
+    return seconds - cost.overlap_credit(model, cal.overlap_for(collective, algorithm),
+                                         cost.overlapped(call, volumes(call)))
 
 
 def _times(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> dict[str, float]:

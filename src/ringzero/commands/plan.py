@@ -22,7 +22,7 @@ from ..plan import config
 from ..plan.config import Parallel, Training
 from ..plan.estimate import check, estimate, to_dict
 from ..plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
-from ..plan.presets import MODELS, TRAINED_TOKENS, model
+from ..plan.presets import MODELS, TRAINED_TOKENS, model, recipe
 from ..plan.ps_plan import ps_plan
 from ..plan.recommend import recommend
 from ..plan.search import search
@@ -32,7 +32,7 @@ from ..plan.units import NEGATIVE_VALUE, parse_bytes, parse_count  # noqa: F401 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "vocab", "seq", "ffn", "gated", "bias", "tied",
                "positions", "norm")
 REQUIRED_SHAPE = ("layers", "hidden", "heads", "vocab", "seq")
-HW_FLAGS = {"mfu": "mfu", "gpus_per_node": "gpus_per_node", "intra_bw": "intra_bw",
+HW_FLAGS = {"mfu": "target_mfu", "gpus_per_node": "gpus_per_node", "intra_bw": "intra_bw",
             "inter_bw": "inter_bw", "hbm": "hbm_bytes"}
 DEFAULT_GPU = "a100-80gb"
 SHAPE_HELP = {"layers": "transformer blocks L", "hidden": "model width h", "heads": "attention heads a",
@@ -65,7 +65,8 @@ def add_arguments(parser) -> None:
     a("--tokens", help="training tokens, e.g. 300e9, 300B, 2T (default: the preset's, else 20/param)")
     a("--precision", default="bf16", help=f"{', '.join(config.PRECISIONS)} (default bf16)")
     a("--optimizer", default="adam", help=f"{', '.join(config.OPTIMIZERS)} (default adam)")
-    a("--no-dropout", dest="dropout", action="store_false", help="no dropout masks in activations")
+    a("--dropout", action=argparse.BooleanOptionalAction, default=None,
+      help="dropout masks in activations (default: the preset's training recipe; on for a custom model)")
 
     g = parser.add_argument_group("parallelism (dp x tp x pp = --gpus)")
     a = g.add_argument
@@ -89,7 +90,9 @@ def add_arguments(parser) -> None:
     g = parser.add_argument_group("hardware")
     a = g.add_argument
     a("--gpu", default=DEFAULT_GPU, help=f"{', '.join(HARDWARE)} (default {DEFAULT_GPU})")
-    a("--mfu", type=float, help="target model FLOPs utilisation, e.g. 0.4")
+    a("--mfu", "--target-mfu", dest="mfu", type=float,
+      help="target model FLOPs utilisation of the training-days and GPUs-for-days figures, e.g. 0.4 "
+           "(default 0.5); the step time is modelled, not scaled by it")
     a("--gpus-per-node", type=int)
     a("--intra-bw", help="bytes/s per GPU per direction inside a node, e.g. 300GB/s")
     a("--inter-bw", help="bytes/s per GPU per direction between nodes, e.g. 25GB/s or 200Gbit/s")
@@ -123,8 +126,11 @@ def build_training(args) -> Training:
     tokens = parse_count(args.tokens) if args.tokens is not None else None
     if tokens is None and args.model is not None:
         tokens = TRAINED_TOKENS.get(model(args.model).name)
+    dropout = args.dropout
+    if dropout is None:
+        dropout = recipe(args.model).dropout if args.model is not None else True
     return Training(micro_batch=args.micro_batch, global_batch=args.global_batch, tokens=tokens,
-                    precision=args.precision, optimizer=args.optimizer, dropout=args.dropout)
+                    precision=args.precision, optimizer=args.optimizer, dropout=dropout)
 
 
 def build_parallel(args, m: ModelShape) -> Parallel:
@@ -210,9 +216,9 @@ def run_recommend(e):
         return str(exc)
 
 
-_FIELD_FLAGS = {"hbm_bytes": "--hbm", **{f: "--" + f.replace("_", "-") for f in (
-    "micro_batch", "global_batch", "tokens", "precision", "optimizer", "zero", "offload",
-    "sequence_parallel", "schedule", "virtual_stages", "recompute", "dp_algorithm", "bucket_mb", "mfu", "gpus_per_node",
+_FIELD_FLAGS = {"hbm_bytes": "--hbm", "target_mfu": "--mfu", **{f: "--" + f.replace("_", "-") for f in (
+    "micro_batch", "global_batch", "tokens", "precision", "optimizer", "zero", "offload", "tp", "pp",
+    "sequence_parallel", "schedule", "virtual_stages", "recompute", "dp_algorithm", "bucket_mb", "gpus_per_node",
     "intra_bw", "inter_bw")}}
 
 

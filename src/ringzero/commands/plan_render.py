@@ -12,7 +12,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..plan import flops
 from ..plan.compare import strategy_comparison
 from ..plan.estimate import Estimate
 from ..plan.memory import state_bytes
@@ -94,7 +93,7 @@ def inputs(e: Estimate, tokens_from: str) -> Table:
     t.add_row("hardware", f"{hw.name}: {hw.peak_flops / 1e12:g} TFLOP/s peak, HBM {gb(hw.hbm_bytes)} GB "
               f"({gib(hw.hbm_bytes)} GiB), NVLink {hw.intra_bw / GB:g} GB/s, network "
               f"{hw.inter_bw / GB:g} GB/s per GPU per direction, {gpus(hw.gpus_per_node)} per node, "
-              f"target MFU {hw.mfu:.0%}")
+              f"target MFU {hw.target_mfu:.0%}")
     return t
 
 
@@ -111,13 +110,13 @@ def size_and_compute(e: Estimate) -> Table:
               f"{per_token.get(p.recompute, '6N')} x {plural(e.tokens_per_step, 'token', spec=',')}")
     formula = {"full": "8ND", "selective": "(6N + 4Lsh)·D"}.get(p.recompute, "6ND")
     t.add_row("FLOPs total", f"{e.flops_total:.3e}", f"{formula}, D = {short(e.tokens)} tokens")
-    days = flops.training_days(e.flops_total, p.gpus, hw.peak_flops, hw.mfu)
-    t.add_row("training days", num(days), f"{gpus(p.gpus)} at the target MFU {hw.mfu:.0%}")
+    t.add_row("training days", num(e.days_at_target_mfu),
+              f"{gpus(p.gpus)} at the target MFU {hw.target_mfu:.0%} (6ND model FLOPs)")
     t.add_row("training days (modelled step)", num(e.tokens / e.tokens_per_s / 86400),
               f"at {num(e.tokens_per_s)} tokens/s")
     if e.days is not None:
-        need = flops.gpus_needed(e.flops_total, e.days, hw.peak_flops, hw.mfu)
-        t.add_row(f"GPUs for {e.days:g} days", f"{need:,}", f"{hw.name} at {hw.mfu:.0%} MFU")
+        t.add_row(f"GPUs for {e.days:g} days", f"{e.gpus_for(e.days):,}",
+                  f"{hw.name} at {hw.target_mfu:.0%} MFU")
     return t
 
 
@@ -174,7 +173,9 @@ def comparison(e: Estimate) -> Table:
 def timing(e: Estimate) -> Table:
     s, hw = e.time, e.hardware
     t = _table("Time per step", "", "seconds", "note", right=(1,))
-    t.add_row("forward", seconds(s.forward), f"at {hw.mfu:.0%} of {hw.peak_flops / 1e12:g} TFLOP/s")
+    peak = hw.matmul_flops(e.training.precision)
+    t.add_row("forward", seconds(s.forward), f"matmuls at up to {hw.gemm_efficiency:.0%} of "
+              f"{peak / 1e12:g} TFLOP/s, the rest at {hw.hbm_bw / 1e12:g} TB/s")
     again = "incl. recomputation" if e.parallel.recompute != "none" else ""
     t.add_row("backward", seconds(s.backward), again)
     t.add_row("compute", seconds(s.compute), "")
@@ -183,10 +184,11 @@ def timing(e: Estimate) -> Table:
     t.add_row("communication (exposed)", seconds(s.exposed_comm), "not hidden behind compute")
     t.add_row("pipeline bubble", seconds(s.bubble), f"{s.bubble_fraction:.1%} of the pipeline "
               f"({schedule_label(e.parallel)})" if e.parallel.pp > 1 else "")
+    t.add_row("optimizer", seconds(s.optimizer), "on the GPU" if s.optimizer else "")
     t.add_row("offload", seconds(s.offload), e.parallel.offload if s.offload else "")
     t.add_row("step", seconds(s.step), plural(e.tokens_per_step, "token", spec=","), style="bold")
     t.add_row("tokens/s", num(e.tokens_per_s), f"{num(e.tokens_per_s / e.parallel.gpus)} per GPU")
-    t.add_row("implied MFU", f"{e.mfu:.1%}", f"target {hw.mfu:.0%} (6N FLOPs per token)")
+    t.add_row("implied MFU", f"{e.mfu:.1%}", f"target {hw.target_mfu:.0%} (6N FLOPs per token)")
     return t
 
 

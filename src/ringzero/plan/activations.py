@@ -32,7 +32,9 @@ again at once (`activation_bytes` adds that working set).
 Pipelines: a stage holds the activations of the micro-batches its schedule has started and not yet
 finished backward, counted by playing the schedule itself (`plan.pipeline.inflight`): m under
 GPipe, min(p - i, m) under 1F1B on stage i, and more on the first stages under the interleaved
-schedule, in chunks of ceil(L/(p·v)) blocks (Narayanan et al. 2021 §2.2).
+schedule (Narayanan et al. 2021 §2.2): 2(p-1) + (v-1)·p + 1 chunk micro-batches of L/(p·v)
+blocks on the first, L·(1 + (p-1)/(p·v)) blocks' worth against 1F1B's L (Korthikanti et al. 2022
+§4.2.3). An uneven cut weights each chunk by its own blocks (`activation_bytes`' `chunks`).
 """
 
 from __future__ import annotations
@@ -119,16 +121,26 @@ def stage_activation_layers(layers: int, pp: int, microbatches: int, schedule: s
 
 def activation_bytes(m: ModelShape, b: int, s: int, *, pp: int = 1, microbatches: int = 1,
                      schedule: str = "1f1b", recompute: str = "none", virtual_stages: int = 1,
-                     stage: int = 0, **kw) -> float:
-    """Peak bytes of activations on pipeline stage `stage` (by default the first, the busiest:
-    every schedule holds the most there).
+                     stage: int = 0, chunks: tuple[int, ...] | None = None, head: float = 0.0, **kw) -> float:
+    """Peak bytes of activations on pipeline stage `stage` (by default the first, which holds the
+    most micro-batches under every schedule).
 
-    `stage_activation_layers` blocks' worth, plus, with full recomputation, one block's
-    activations rebuilt during its backward. Embedding and loss tensors are not included: they
-    are O(sbh + sbV) once, not per layer (`head_bytes`).
+    Each forward of a model chunk saves its blocks' activations until its backward; the peak is
+    played from the schedule (`pipeline.held_at_peak`). `chunks` gives the blocks of each of the
+    p·v global chunks (`pipeline_layout.chunk_layers`: a cut balanced by cost, uneven when p·v does
+    not divide L); None: ceil(L/(p·v)) each. `head` is what the embedding, head and loss save per
+    micro-batch (`head_bytes`), held with the last chunk. With full recomputation one block's
+    activations are rebuilt during its backward on top.
     """
-    held = stage_activation_layers(m.layers, pp, microbatches, schedule, virtual_stages, stage)
-    total = held * layer_bytes(m, b, s, recompute=recompute, **kw)
+    v = virtual_stages if schedule == "interleaved" else 1
+    per_layer = layer_bytes(m, b, s, recompute=recompute, **kw)
+    if pp == 1:
+        total = m.layers * per_layer + head
+    else:
+        n = pp * v
+        sizes = [k * per_layer for k in (chunks or [math.ceil(m.layers / n)] * n)]
+        sizes[-1] += head
+        total = pipeline.held_at_peak(stage, pp, microbatches, schedule, v, sizes)
     if recompute == "full":
         total += layer_bytes(m, b, s, recompute="none", **kw)
     return total

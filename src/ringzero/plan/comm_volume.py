@@ -199,3 +199,32 @@ def busiest(call: Call) -> int:
 def volumes(call: Call) -> list[Volume]:
     """Every rank's traffic for `call`."""
     return [volume(call, r) for r in range(call.n)]
+
+
+
+PIPELINED: dict[tuple[str, str], int] = {("all_reduce", "ring"): 2, ("reduce_scatter", "ring"): 1,
+                                         ("all_gather", "ring"): 1}
+"""(collective, algorithm) that pipeline their steps in segments -> phases of n - 1 steps
+(`ringzero.comm.algorithms.ring`: all-reduce is a reduce-scatter, drained, then an all-gather)."""
+
+
+def overlapped_bytes(call: Call, v: Volume) -> int:
+    """Bytes of a rank's busier direction (`v`: its volume for `call`) that travel while an earlier
+    segment is still being moved or reduced: off the critical path of the pipeline.
+
+    The ring (Patarasuk & Yuan 2009) cuts each step's chunk into m = ceil(chunk / segment) segments
+    and a segment's send waits only for the segment it forwards, so a phase of n - 1 steps is a
+    pipeline of (n - 1)·m segment transfers in which each stage takes max(α + β·s, γ·s), and its
+    critical path is n - 1 + m - 1 segments, not (n - 1)·m (the pipelined-chain time). With one
+    segment per chunk (chunk <= segment: small buffers) nothing overlaps and this is 0; 0 for every
+    algorithm that does not pipeline.
+    """
+    phases = PIPELINED.get((call.collective, call.algorithm))
+    if phases is None or call.n == 1:
+        return 0
+    largest = max(call.chunks.histogram(), default=0)
+    m = n_segments(largest, call.segment_elems)
+    if m <= 1:
+        return 0
+    critical = phases * (call.n - 2 + m) * min(largest, call.segment_elems) * call.itemsize
+    return max(0, max(v.bytes_sent, v.bytes_recv) - critical)

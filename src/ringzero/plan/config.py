@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from .algorithms import AUTO, names
 from .pipeline import SCHEDULES
 from .placement import Placement
+from .tensor_parallel import REPLAYS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "sgd-momentum")
@@ -97,6 +98,10 @@ class Parallel:
     """Model chunks per pipeline rank (Narayanan et al. 2021 §2.2.2); > 1 only with "interleaved"."""
     recompute: str = "none"
     """Activation recomputation: "none", "selective" (attention core) or "full" (whole block)."""
+    recompute_replay: str = "whole"
+    """How full recomputation re-runs a block (`plan.tensor_parallel.REPLAYS`): "whole", as
+    Megatron-LM does, repeating its two tensor-parallel reductions (6 per layer), or "early-stop",
+    as torch's non-reentrant checkpoint (ringzero's engine) does, stopping before the last (5)."""
     flash_attention: bool = False
     """Fused attention: the s x s scores are never stored (Dao et al. 2022)."""
     dp_algorithm: str = "auto"
@@ -113,6 +118,7 @@ class Parallel:
         _choice("offload", self.offload, OFFLOADS)
         _choice("schedule", self.schedule, SCHEDULES)
         _choice("recompute", self.recompute, RECOMPUTES)
+        _choice("recompute_replay", self.recompute_replay, REPLAYS)
         _choice("dp_algorithm", self.dp_algorithm, DP_ALGORITHMS)
         if self.offload != "none" and self.zero == 0:
             raise ValueError(f"offload={self.offload!r} needs zero >= 1 (ZeRO-Offload shards the optimizer)")

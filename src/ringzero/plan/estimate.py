@@ -57,6 +57,18 @@ class Estimate:
         return flops.training_flops(self.params.total, self.tokens, self.parallel.recompute, self.model)
 
     @property
+    def days_at_target_mfu(self) -> float:
+        """Training days at the hardware's target MFU: the model FLOPs 6·N·D (what MFU counts,
+        whatever is recomputed) over GPUs x peak x target."""
+        return flops.training_days(flops.model_flops_per_token(self.params.total) * self.tokens,
+                                   self.parallel.gpus, self.hardware.peak_flops, self.hardware.target_mfu)
+
+    def gpus_for(self, days: float) -> int:
+        """GPUs to train in `days` at the hardware's target MFU (6·N·D model FLOPs)."""
+        return flops.gpus_needed(flops.model_flops_per_token(self.params.total) * self.tokens, days,
+                                 self.hardware.peak_flops, self.hardware.target_mfu)
+
+    @property
     def tokens_per_s(self) -> float:
         return self.tokens_per_step / self.time.step
 
@@ -72,9 +84,13 @@ class Estimate:
 
 
 def check(m: ModelShape, tr: Training, par: Parallel) -> None:
-    """A one-line ValueError when this configuration cannot run: a global batch that micro_batch x dp
+    """A one-line ValueError when this configuration cannot run: a layout the model cannot be split
+    into (`plan.layout_check`: tp not dividing the heads, kv heads or MLP width, or the sequence
+    under sequence parallelism; more stages than layers), a global batch that micro_batch x dp
     does not divide, or a pipeline its schedule cannot run (`plan.pipeline.check`: more model
     chunks than layers, or an interleaved schedule whose micro-batches are not a multiple of pp)."""
+    from . import layout_check
+    layout_check.check(m, par)
     micro = tr.accumulation(par.dp)
     pipeline.check(par.pp, m.layers, micro, par.schedule, par.virtual_stages)
 
@@ -120,15 +136,15 @@ def to_dict(e: Estimate) -> dict:
         "comm_ops": [_op_dict(o, hw) for o in e.ops],
         "time": {"compute": t.compute, "forward": t.forward, "backward": t.backward, "comm": t.comm,
                  "exposed_comm": t.exposed_comm, "bubble": t.bubble, "offload": t.offload,
-                 "step": t.step},
+                 "optimizer": t.optimizer, "step": t.step},
         "bubble_fraction": t.bubble_fraction,
         "mfu": e.mfu,
         "tokens_per_s": e.tokens_per_s,
         "training_days": {
-            "at_target_mfu": flops.training_days(e.flops_total, e.parallel.gpus, hw.peak_flops, hw.mfu),
+            "at_target_mfu": e.days_at_target_mfu,
             "at_step_time": e.tokens / e.tokens_per_s / flops.SECONDS_PER_DAY},
     }
     if e.days is not None:
         out["gpus_for_days"] = {"days": e.days,
-                                "gpus": flops.gpus_needed(e.flops_total, e.days, hw.peak_flops, hw.mfu)}
+                                "gpus": e.gpus_for(e.days)}
     return out

@@ -7,6 +7,10 @@ respect to activations and to weights). Full activation recomputation runs the f
 8·N·D (Korthikanti et al. 2022, §5). Selective recomputation re-runs only the attention core:
 QKᵀ and the attention-weighted sum of V, 2·2·s·h FLOPs per token per layer (Korthikanti et al.,
 §4.2 cost this at a few percent). The model FLOPs (what MFU counts) stay 6·N·D in every case.
+
+These are counts. Planning figures divide them by a target MFU (`training_days`, `gpus_needed`, with
+`Hardware.target_mfu`); the step time does not: `plan.compute` times the same matmuls one by one
+(the attention matmuls, `attention_flops_per_token`, included) and the memory-bound work beside them.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ def sustained_flops(total_flops: float, days: float) -> float:
 
 
 def training_days(total_flops: float, gpus: int, peak_flops: float, mfu: float) -> float:
-    """Days on `gpus` GPUs of `peak_flops` each running at `mfu`."""
+    """Days on `gpus` GPUs of `peak_flops` each running at `mfu` (a target: FLOPs counted as MFU
+    counts them, 6·N·D, for a target MFU)."""
     return total_flops / (gpus * peak_flops * mfu) / SECONDS_PER_DAY
 
 

@@ -7,9 +7,11 @@ Bytes per parameter (ZeRO paper, Rajbhandari et al. 2020, §3.1):
     bf16/fp16      2       2    12 = fp32 master + m + v        8 = fp32 master + momentum
     fp32           4       4     8 = m + v (weights are fp32)   4 = momentum
 
-so mixed-precision Adam is the ZeRO paper's 16Ψ: 2Ψ + 2Ψ + 12Ψ. With Ψ' = Ψ/(tp·pp) parameters
-per model-parallel rank (an even split: stages are assumed balanced) and N_d = dp,
-ZeRO shards over the data-parallel group, ceil(Ψ'/N_d) each (the padding to equal shards):
+so mixed-precision Adam is the ZeRO paper's 16Ψ: 2Ψ + 2Ψ + 12Ψ. With Ψ' the parameters one
+model-parallel rank holds (≈ Ψ/(tp·pp); exactly, its pipeline stage's blocks split over tp, the
+replicated norms and biases, and the embedding on the first stage and the head on the last:
+`pipeline_layout.stage_params`) and N_d = dp, ZeRO shards over the data-parallel group,
+ceil(Ψ'/N_d) each (the padding to equal shards):
 
     stage 0   2Ψ' + 2Ψ' + 12Ψ'
     stage 1   2Ψ' + 2Ψ' + 12Ψ'/N_d
@@ -18,6 +20,10 @@ ZeRO shards over the data-parallel group, ceil(Ψ'/N_d) each (the padding to equ
 
 Offload (ZeRO-Offload, Ren et al. 2021 / ZeRO-Infinity, Rajbhandari et al. 2021) moves the optimizer
 states to CPU memory or NVMe: they leave the GPU total and appear as `offloaded`.
+
+The busiest GPU is the pipeline stage whose model states and activations add up to the most (the
+first stage holds the embedding and the most micro-batches in flight, but an uneven cut can give a
+middle stage more blocks); both terms are that one stage's.
 
 Buffers: DP and ZeRO-1/2 keep two gradient buckets (one filling while the other is reduced;
 DDP's `bucket_cap_mb`, 25 MiB by default); ZeRO-3 holds the gathered weights of the current and
@@ -35,6 +41,7 @@ from functools import lru_cache
 from . import activations as act
 from . import pipeline
 from .config import Parallel, Training
+from .pipeline_layout import chunk_layers, memory_candidates, stage_params
 from .shapes import ModelShape, param_count
 
 MiB = 2**20
@@ -125,30 +132,41 @@ def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> int:
     return math.ceil(buffers)
 
 
+@lru_cache(maxsize=65536)
 def memory(m: ModelShape, tr: Training, par: Parallel) -> Memory:
-    """Bytes per GPU on the busiest rank: model states, activations, buffers (the `Memory` fields)."""
-    n = param_count(m).total
-    params, grads, optimizer, offloaded = model_states(
-        n, state_bytes(tr.precision, tr.optimizer), par.dp, par.zero, par.tp, par.pp, par.offload)
-    activations = _activations(m, tr.micro_batch, tr.accumulation(par.dp), tr.bytes_per_value, tr.dropout,
-                               par.pp, par.schedule, par.virtual_stages, par.recompute, par.flash_attention,
-                               par.tp, par.sequence_parallel)
-    return Memory(params=params, grads=grads, optimizer=optimizer, activations=activations,
-                  buffers=buffer_bytes(m, tr, par), offloaded=offloaded)
+    """Bytes per GPU on the busiest rank: model states, activations, buffers (the `Memory` fields),
+    all of the pipeline stage that needs the most (`pipeline_layout.memory_candidates`). Cached: a
+    search's winners are priced again by `estimate`, the recommendation and the comparisons."""
+    sb = state_bytes(tr.precision, tr.optimizer)
+    micro, buffers, v = tr.accumulation(par.dp), buffer_bytes(m, tr, par), par.virtual_stages
+    busiest = None
+    for stage in memory_candidates(m, par.pp, v):
+        params, grads, optimizer, offloaded = model_states(
+            stage_params(m, par.tp, stage, par.pp, v), sb, par.dp, par.zero, offload=par.offload)
+        activations = _activations(m, tr.micro_batch, micro, tr.bytes_per_value, tr.dropout, par.pp,
+                                   par.schedule, v, par.recompute, par.flash_attention, par.tp,
+                                   par.sequence_parallel, stage)
+        mem = Memory(params=params, grads=grads, optimizer=optimizer, activations=activations,
+                     buffers=buffers, offloaded=offloaded)
+        if busiest is None or mem.total > busiest.total:
+            busiest = mem
+    return busiest
 
 
 @lru_cache(maxsize=65536)
 def _activations(m: ModelShape, b: int, microbatches: int, value_bytes: int, dropout: bool, pp: int,
-                 schedule: str, virtual_stages: int, recompute: str, flash: bool, tp: int, sp: bool) -> int:
-    """`memory`'s activations: the blocks of the first pipeline stage (the busiest), plus the output
-    layer without pipelining, rounded up to whole bytes (cached: a search asks again for every
-    ZeRO stage and offload, which do not change them)."""
+                 schedule: str, virtual_stages: int, recompute: str, flash: bool, tp: int, sp: bool,
+                 stage: int = 0) -> int:
+    """`memory`'s activations on pipeline stage `stage`: its chunks' blocks as the schedule holds
+    them, and the output layer's with the last chunk, rounded up to whole bytes (cached: a search
+    asks again for every ZeRO stage and offload, which do not change them)."""
     kw = dict(value_bytes=value_bytes, dropout=dropout, flash=flash, tp=tp, sp=sp)
-    activations = act.activation_bytes(m, b, m.seq, pp=pp, microbatches=microbatches, schedule=schedule,
-                                       virtual_stages=virtual_stages, recompute=recompute, **kw)
-    if pp == 1:
-        activations += act.head_bytes(m, b, m.seq, value_bytes=value_bytes, tp=tp)
-    return math.ceil(activations)
+    v = virtual_stages if schedule == "interleaved" else 1
+    chunks = tuple(len(r) for r in chunk_layers(m, pp * v)) if pp > 1 else None
+    head = act.head_bytes(m, b, m.seq, value_bytes=value_bytes, tp=tp)
+    return math.ceil(act.activation_bytes(m, b, m.seq, pp=pp, microbatches=microbatches, schedule=schedule,
+                                          virtual_stages=v, recompute=recompute, stage=stage, chunks=chunks,
+                                          head=head, **kw))
 
 
 def host_rank_bytes(states: float, activations: float, process: float) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -97,13 +98,24 @@ def inflight(stage: int, pp: int, microbatches: int, schedule: str, virtual_stag
 def held_at_peak(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1,
                  sizes: list[float] | None = None) -> float:
     """The most `stage` holds at once over its schedule: what each forward saves until its backward,
-    `sizes[g]` for global chunk g (bytes of one micro-batch), or 1 per chunk when None."""
-    held = peak = 0.0
+    `sizes[g]` (>= 0) for global chunk g (bytes of one micro-batch), or 1 per chunk when None."""
+    local = [1.0 if sizes is None else sizes[c * pp + stage] for c in range(virtual_stages)]
+    return max((sum(n * size for n, size in zip(counts, local))
+                for counts in held_counts(stage, pp, microbatches, schedule, virtual_stages)), default=0.0)
+
+
+@lru_cache(maxsize=8192)
+def held_counts(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1
+                ) -> tuple[tuple[int, ...], ...]:
+    """The distinct (micro-batches of each of `stage`'s chunks held) right after each of its
+    forwards: what it holds grows only there, so its peak for any chunk sizes is at one of them
+    (cached: a search prices the same schedule for every model size, tp and ZeRO stage)."""
+    counts, out = [0] * virtual_stages, set()
     for a in actions(stage, pp, microbatches, schedule, virtual_stages):
-        size = 1.0 if sizes is None else sizes[a.chunk * pp + stage]
-        held += size if a.kind == "F" else -size
-        peak = max(peak, held)
-    return peak
+        counts[a.chunk] += 1 if a.kind == "F" else -1
+        if a.kind == "F":
+            out.add(tuple(counts))
+    return tuple(sorted(out))
 
 
 def messages(stage: int, pp: int, microbatches: int, schedule: str, virtual_stages: int = 1) -> dict[str, int]:
@@ -188,17 +200,28 @@ def partition(costs: list[float], chunks: int, first: float = 0.0, last: float =
     def cost(k: int, a: int, b: int) -> float:           # chunk k holding layers a..b-1
         return prefix[b] - prefix[a] + (first if k == 0 else 0.0) + (last if k == chunks - 1 else 0.0)
 
-    # best[k][j]: least possible busiest cost of layers 0..j-1 in chunks 0..k; cut[k][j]: where chunk k begins.
+    # best[k][j]: least possible busiest cost of layers 0..j-1 in chunks 0..k; cut[k][j]: where chunk k
+    # begins, the first such start. For chunk k ending at j, best[k-1][a] rises with a and cost(k, a, j)
+    # falls (costs > 0), so the best start is at their crossing: the first a where the earlier chunks
+    # cost at least chunk k, or the one before it (a bisection instead of trying every a).
     best = [[math.inf] * (n + 1) for _ in range(chunks)]
     cut = [[0] * (n + 1) for _ in range(chunks)]
     for j in range(1, n + 1):
         best[0][j] = cost(0, 0, j)
     for k in range(1, chunks):
+        prev = best[k - 1]
         for j in range(k + 1, n + 1):
-            for a in range(k, j):
-                c = max(best[k - 1][a], cost(k, a, j))
-                if c < best[k][j] - 1e-12:
-                    best[k][j], cut[k][j] = c, a
+            lo, hi = k, j                                 # the crossing c in [k, j]
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if prev[mid] >= cost(k, mid, j):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            a = lo - 1 if lo > k else lo
+            if lo < j and lo > k and prev[lo] < cost(k, lo - 1, j) - 1e-12:
+                a = lo
+            best[k][j], cut[k][j] = max(prev[a], cost(k, a, j)), a
     bounds, j = [n], n
     for k in range(chunks - 1, 0, -1):
         j = cut[k][j]

@@ -38,10 +38,31 @@ def stage_chunks(stage: int, pp: int, virtual_stages: int = 1) -> list[int]:
     return [c * pp + stage for c in range(virtual_stages)]
 
 
+@lru_cache(maxsize=65536)
 def stage_layers(m: ModelShape, stage: int, pp: int, virtual_stages: int = 1) -> int:
     """Blocks held by pipeline rank `stage`."""
     ranges = chunk_layers(m, pp * virtual_stages)
     return sum(len(ranges[g]) for g in stage_chunks(stage, pp, virtual_stages))
+
+
+@lru_cache(maxsize=4096)
+def busiest_stage_layers(m: ModelShape, pp: int, virtual_stages: int = 1) -> int:
+    """The most blocks any pipeline rank holds (ceil(L/p) when the cut is even, and all L when pp = 1)."""
+    return max(stage_layers(m, i, pp, virtual_stages) for i in range(pp))
+
+
+@lru_cache(maxsize=4096)
+def memory_candidates(m: ModelShape, pp: int, virtual_stages: int = 1) -> tuple[int, ...]:
+    """The pipeline ranks that can hold the most memory: the first (embedding, and the most
+    micro-batches in flight), the last (head and loss), and the first rank of each pattern of chunk
+    sizes. Two ranks with the same chunks hold the same parameters, and the later one starts no
+    more forwards before its first backward under any schedule (`pipeline.warmup` falls with the
+    rank), so it never holds more activations."""
+    ranges = chunk_layers(m, pp * virtual_stages)
+    firsts: dict[tuple[int, ...], int] = {}
+    for i in range(pp):
+        firsts.setdefault(tuple(len(ranges[g]) for g in stage_chunks(i, pp, virtual_stages)), i)
+    return tuple(sorted({0, pp - 1, *firsts.values()}))
 
 
 def stage_flops_per_token(m: ModelShape, stage: int, pp: int, virtual_stages: int = 1,
@@ -51,6 +72,7 @@ def stage_flops_per_token(m: ModelShape, stage: int, pp: int, virtual_stages: in
             + (head_flops_per_token(m) if stage == pp - 1 else 0.0))
 
 
+@lru_cache(maxsize=65536)
 def stage_params(m: ModelShape, tp: int, stage: int, pp: int, virtual_stages: int = 1) -> int:
     """Parameters one tp rank of pipeline rank `stage` holds: its blocks (their tp share), the token
     embedding's slice and the positions on the first stage, a copy of the token embedding's slice

@@ -1,11 +1,19 @@
-"""Model presets: published architectures, with the tokens they were trained on.
+"""Model presets: published architectures, with the tokens they were trained on and the parts of
+their training recipe that change a plan.
 
 Shapes are the released configurations (Hugging Face config.json of each checkpoint; GPT-3 from
 Brown et al. 2020, Table 2.1). `param_count` reproduces the published parameter counts exactly;
 tests pin them.
+
+A `Recipe` carries only what moves the plan's memory or time. Dropout does: its masks, and the
+dropped attention weights, are saved for backward (Korthikanti et al. 2022 §4.1), so a LLaMA
+planned with dropout it never had is planned too large. Precision does not need a field: fp16 and
+bf16 take the same bytes, and the presets' batch sizes are the user's choice.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .shapes import ModelShape
 
@@ -44,6 +52,33 @@ TRAINED_TOKENS: dict[str, float] = {
 }
 """Tokens the preset was trained on (the default D of `ringzero plan --model NAME`)."""
 
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    """How a preset was trained, as far as it changes the plan (each field is the `Training` field
+    of the same name, the default of `ringzero plan --model NAME` unless a flag says otherwise)."""
+
+    dropout: bool
+    """Dropout in attention and after each block."""
+
+
+RECIPES: dict[str, Recipe] = {
+    # ringzero's engine trains without dropout unless told (`TrainConfig.dropout` = 0).
+    "nano": Recipe(dropout=False), "micro": Recipe(dropout=False),
+    # GPT-2: attention, residual and embedding dropout 0.1 (its released config.json).
+    "gpt2": Recipe(dropout=True), "gpt2-medium": Recipe(dropout=True), "gpt2-large": Recipe(dropout=True),
+    "gpt2-xl": Recipe(dropout=True),
+    # GPT-3: Brown et al. 2020 follow GPT-2; Korthikanti et al. 2022 §4.1 count its dropout masks.
+    "gpt3-175b": Recipe(dropout=True),
+    # LLaMA: no dropout (Touvron et al. 2023; attention_dropout 0.0 and no hidden dropout in the
+    # released configs of Llama 2 and Llama 3).
+    "llama-2-7b": Recipe(dropout=False), "llama-2-13b": Recipe(dropout=False),
+    "llama-2-70b": Recipe(dropout=False), "llama-3-8b": Recipe(dropout=False),
+    "llama-3-70b": Recipe(dropout=False),
+}
+"""Each preset's `Recipe`."""
+
 ALIASES = {"gpt2-124m": "gpt2", "gpt2-350m": "gpt2-medium", "gpt2-774m": "gpt2-large",
            "gpt2-1.5b": "gpt2-xl", "gpt3": "gpt3-175b"}
 
@@ -54,3 +89,8 @@ def model(name: str) -> ModelShape:
     if key not in MODELS:
         raise ValueError(f"unknown model {name!r}; allowed: {', '.join(list(MODELS) + list(ALIASES))}")
     return MODELS[key]
+
+
+def recipe(name: str) -> Recipe:
+    """The training recipe of the preset called `name` (as `model`: case-insensitive, aliases)."""
+    return RECIPES[model(name).name]

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import layout_check
 from .config import OFFLOADS, RECOMPUTES, SCHEDULES, Parallel, Training
 from .estimate import Estimate, estimate
 from .hardware import Hardware
@@ -98,8 +99,8 @@ class SearchResult:
     """The ranked configurations of one search, and what it cost."""
 
     best: list[Estimate]
-    """Top-k fitting configurations, fastest step first (ties: the one with less memory per GPU,
-    then the earlier, simpler split)."""
+    """Top-k fitting configurations, fastest step first (ties, within `TIE_RTOL`: the one with more
+    memory headroom per GPU, then the earlier, simpler split; `rank`)."""
     evaluated: int
     """Configurations evaluated (memory and, when it fits, time)."""
     fitting: int
@@ -202,7 +203,7 @@ def _configurations(m: ModelShape, tr: Training, hw: Hardware, gpus: int, space:
                         for schedule, v in _schedules(m, pp, space):
                             par = Parallel(dp=dp, tp=tp, pp=pp, zero=zero, offload=offload, sequence_parallel=sp,
                                            schedule=schedule, virtual_stages=v, recompute=recompute)
-                            if keep is not None and not keep(par):
+                            if layout_check.problem(m, par) or (keep is not None and not keep(par)):
                                 continue
                             for t in runs:
                                 # the interleaved schedule runs micro-batches in groups of pp
@@ -216,6 +217,29 @@ def _evaluate(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> tuple
     if mem.total > hw.hbm_bytes:
         return mem, None
     return mem, step_time(m, tr, par, hw, comm_ops(m, tr, par, hw))
+
+
+TIE_RTOL = 1e-9
+"""Step times this close (relative) are a tie. The time model ignores some choices (sequence
+parallelism moves the same bytes as its all-reduce), and the same time summed in another order
+differs in its last bits (1.5151704747574055 against ...57 s on llama-2-7b, 64 GPUs): a tie
+either way, which exact comparison would break by rounding instead of by memory."""
+
+
+def rank(ranked: list[tuple], hbm_bytes: int) -> list[tuple]:
+    """`ranked` rows (step seconds, memory bytes, evaluation order, ...) fastest first; among rows
+    whose step time ties (within `TIE_RTOL` of the first row of the tie) the most memory headroom
+    (hbm_bytes - memory) first, then the earlier evaluated (the simpler split). Deterministic: the
+    order depends only on the rows."""
+    rows = sorted(ranked, key=lambda r: r[:3])
+    out, i = [], 0
+    while i < len(rows):
+        j, limit = i + 1, rows[i][0] * (1 + TIE_RTOL)
+        while j < len(rows) and rows[j][0] <= limit:
+            j += 1
+        out += sorted(rows[i:j], key=lambda r: (-(hbm_bytes - r[1]), r[2])) if j - i > 1 else rows[i:j]
+        i = j
+    return out
 
 
 def search(model: ModelShape, training: Training, hardware: Hardware, gpus: int, *,
@@ -238,7 +262,7 @@ def search(model: ModelShape, training: Training, hardware: Hardware, gpus: int,
             ranked.append((time_.step, mem.total, evaluated, t, par))
         elif leanest is None or mem.total < leanest[0]:
             leanest = (mem.total, t, par)
-    ranked.sort(key=lambda r: r[:3])       # fastest; on a tie the least memory per GPU, then the simplest
+    ranked = rank(ranked, hardware.hbm_bytes)
     best = [estimate(model, t, par, hardware) for *_, t, par in ranked[:top]]
     closest = estimate(model, leanest[1], leanest[2], hardware) if not ranked and leanest else None
     return SearchResult(best=best, evaluated=evaluated, fitting=len(ranked), seconds=time.perf_counter() - start,

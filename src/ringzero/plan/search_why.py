@@ -51,7 +51,11 @@ def _gb(x: float) -> str:
 def _faster(b: Estimate, other: Estimate, what: str) -> str:
     ratio = other.time.step / b.time.step
     if ratio < 1.0005:
-        return f"Ties with {what} {label(other)} ({other.time.step:.4g} s vs {b.time.step:.4g} s per step)."
+        tie = f"Ties with {what} {label(other)} ({other.time.step:.4g} s vs {b.time.step:.4g} s per step)"
+        free_b, free_o = (e.hardware.hbm_bytes - e.memory.total for e in (b, other))
+        if free_b > free_o:     # the search breaks a tie by memory headroom
+            return f"{tie} and leaves more HBM free: {_gb(free_b)} vs {_gb(free_o)}."
+        return tie + "."
     return f"{ratio:.2f}x faster than {what} {label(other)} ({other.time.step:.3g} s): {_because(other, b)}."
 
 

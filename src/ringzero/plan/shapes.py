@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .units import cached_hash, uncached_state
+
 POSITIONS = ("learned", "rotary")
 NORMS = ("layernorm", "rmsnorm")
 
@@ -70,12 +72,10 @@ class ModelShape:
             raise ValueError(f"model norm={self.norm!r}; allowed: {', '.join(NORMS)}")
 
     def __hash__(self) -> int:
-        # Cached: the planner's caches key on the shape thousands of times per search.
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
-            object.__setattr__(self, "_hash", h)
-        return h
+        return cached_hash(self)
+
+    def __getstate__(self) -> dict:
+        return uncached_state(self)
 
     @property
     def head_dim(self) -> int:

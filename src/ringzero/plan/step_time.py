@@ -1,8 +1,10 @@
 """Time per optimizer step: compute, communication on the right link, overlap, bubble, offload.
 
-- Compute (Kaplan et al. 2020; MFU, Chowdhery et al. 2022): the hardware FLOPs of the step divided
-  over the GPUs, at peak x MFU. Forward is 1/3 of 6N and backward 2/3; full recomputation adds one
-  forward to backward.
+- Compute (`plan.compute`): the busiest pipeline stage's blocks (and the output layer on the last,
+  `plan.pipeline_layout`) for each of the rank's micro-batches, every matmul at the precision's peak
+  and its shape's efficiency, the memory-bound work at HBM bandwidth; recomputation re-runs a
+  forward (full) or the attention core (selective) in backward. The optimizer step streams the
+  GPU's shard of the states once (on the host instead under offload).
 - Communication: Hockney's α-β model (Hockney 1994, T = α + β·S) on each call's busiest rank:
   rounds·α + max(bytes sent, received)/bandwidth, with the exact rounds and bytes of
   `plan.comm_volume`. A group inside one node uses NVLink (intra_bw, intra_alpha); a group spanning
@@ -29,12 +31,14 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from . import flops, pipeline
+from . import pipeline
+from .compute import head_seconds, layer_seconds, optimizer_seconds
 from .algorithms import NODE_AWARE, fits, names
 from .comm_volume import Volume
 from .config import Parallel, Training
 from .hardware import Hardware
 from .memory import model_parallel_params, state_bytes
+from .pipeline_layout import stage_layers
 from .shapes import ModelShape, param_count
 from .strategy_comm import (CommOp, data_parallel_ops, hierarchical_parts, pipeline_ops,
                             tensor_parallel_ops)
@@ -61,6 +65,8 @@ class StepTime:
     offload: float
     bubble_fraction: float
     comm_by_kind: dict[str, float] = field(default_factory=dict)
+    optimizer: float = 0.0
+    """The optimizer step on the GPU (0 when offloaded: `offload` holds the host's)."""
 
     @property
     def compute(self) -> float:
@@ -68,7 +74,7 @@ class StepTime:
 
     @property
     def step(self) -> float:
-        return self.compute + self.exposed_comm + self.bubble + self.offload
+        return self.compute + self.exposed_comm + self.bubble + self.offload + self.optimizer
 
 
 def _tier_seconds(v: Volume, alpha: float, bw: float) -> float:
@@ -132,15 +138,45 @@ def offload_seconds(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) ->
     return seconds
 
 
+@lru_cache(maxsize=65536)
+def stage_seconds(m: ModelShape, b: int, tp: int, pp: int, virtual_stages: int, precision: str,
+                  recompute: str, dropout: bool, sequence_parallel: bool, flash_attention: bool,
+                  hw: Hardware) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch of `b` on the busiest pipeline stage: its
+    blocks, and the output layer on the last stage (`plan.compute`)."""
+    lf, lb = layer_seconds(m, b, tp, precision, recompute, dropout, sequence_parallel, flash_attention, hw)
+    hf, hb = head_seconds(m, b, tp, precision, hw)
+    stages = []
+    for s in range(pp):
+        n = stage_layers(m, s, pp, virtual_stages)
+        last = s == pp - 1
+        stages.append((n * lf + (hf if last else 0.0), n * lb + (hb if last else 0.0)))
+    return max(stages, key=sum)
+
+
+def compute_seconds(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> tuple[float, float]:
+    """(forward, backward) seconds of a step's compute on the busiest GPU: `stage_seconds` for each
+    of its data-parallel rank's micro-batches."""
+    fwd, bwd = stage_seconds(m, tr.micro_batch, par.tp, par.pp, par.virtual_stages, tr.precision,
+                             par.recompute, tr.dropout, par.sequence_parallel, par.flash_attention, hw)
+    micro = tr.accumulation(par.dp)
+    return micro * fwd, micro * bwd
+
+
+def update_seconds(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> float:
+    """The optimizer step on the GPU: its shard of the model-parallel slice (/dp under ZeRO);
+    0 under offload, where the host runs it (`offload_seconds`)."""
+    if par.offload != "none":
+        return 0.0
+    shard = model_parallel_params(param_count(m).total, par.tp, par.pp)
+    return optimizer_seconds(math.ceil(shard / (par.dp if par.zero >= 1 else 1)), tr.optimizer, hw)
+
+
 def step_time(m: ModelShape, tr: Training, par: Parallel, hw: Hardware,
               ops: list[CommOp] | None = None) -> StepTime:
     """Seconds per step of configuration (`m`, `tr`, `par`) on `hw` (the module doc's model)."""
-    n = param_count(m).total
     micro = tr.accumulation(par.dp)
-    tokens = tr.sequences_per_step(par.dp) * m.seq
-    rate = hw.peak_flops * hw.mfu * par.gpus
-    forward = 2.0 * n * tokens / rate
-    backward = flops.hardware_flops_per_token(n, par.recompute, m) * tokens / rate - forward
+    forward, backward = compute_seconds(m, tr, par, hw)
     ops = comm_ops(m, tr, par, hw) if ops is None else ops
     by_kind, unhidden, during_forward, during_backward, dp_bytes = _comm_seconds(tuple(ops), hw)
     buckets = max(1, math.ceil(dp_bytes / (par.bucket_mb * 2**20)))
@@ -156,7 +192,7 @@ def step_time(m: ModelShape, tr: Training, par: Parallel, hw: Hardware,
     return StepTime(forward=forward, backward=backward, comm=sum(by_kind.values()),
                     exposed_comm=exposed, bubble=(forward + backward) * fraction / (1 - fraction),
                     offload=offload_seconds(m, tr, par, hw), bubble_fraction=fraction,
-                    comm_by_kind=dict(by_kind))
+                    comm_by_kind=dict(by_kind), optimizer=update_seconds(m, tr, par, hw))
 
 
 @lru_cache(maxsize=65536)

@@ -19,14 +19,19 @@ rank owns (Ψ/(tp·pp) parameters x 2 bytes in 16-bit precision); b, s, h a micr
   elements.
 - TP: every layer all-reduces b·s·h activations twice in forward and twice in backward (Megatron-LM,
   Shoeybi et al. 2019 §3): ring 4 x 2(t-1)/t·bsh per layer, Narayanan et al. 2021 §3.2's
-  8·bsh·(t-1)/t, 8·bsh for large t. Sequence parallelism replaces each all-reduce by a
-  reduce-scatter + all-gather pair of the same bytes.
+  8·bsh·(t-1)/t, 8·bsh for large t, on the stage with the most layers. Full recomputation
+  replays the forward and its reductions: 6 per layer as Megatron-LM re-runs a block, 5 as
+  torch's non-reentrant checkpoint does (`Parallel.recompute_replay`,
+  `tensor_parallel.layer_collectives`); selective recomputation re-runs no collective. Sequence
+  parallelism replaces each all-reduce by a reduce-scatter + all-gather pair of the same bytes.
 - PP: each micro-batch sends its b·s·h activation forward and its gradient back across each of the
   p-1 stage boundaries (2(p-1)·bsh in total, Narayanan et al. 2021 §3.2); a middle stage sends
   2·bsh per micro-batch (1·bsh at either end), /t under tensor parallelism: each tp rank sends
   its 1/t slice, split by Megatron's scatter/gather (§4.1) or already by sequence parallelism
-  (`pipeline.boundary_bytes`). The interleaved schedule crosses a rank boundary once per model
-  chunk, so v times as often (§2.2.2).
+  (`pipeline.boundary_bytes`). Scatter/gather then all-gathers each arriving slice over the tp
+  group, inside the node (§4.1; ringzero's engine does the same): (t-1)/t·bsh per message, counted
+  with the tp traffic since it runs on the tp group's links. The interleaved schedule crosses
+  a rank boundary once per model chunk, so v times as often (§2.2.2).
 
 Placement is Megatron-LM's: tp varies fastest, then dp, then pp, so a tp group is consecutive
 ranks, a dp group strides by tp, and a group is inside one node when its span fits.
@@ -40,6 +45,7 @@ from functools import lru_cache
 
 from .comm_volume import Volume, busiest, call_for, volume
 from .config import Parallel, Training
+from .pipeline_layout import busiest_stage_layers
 from .placement import Placement
 from .shapes import ModelShape, param_count
 from .sharding import by_zero
@@ -134,37 +140,56 @@ def _data_parallel_ops(n_params: int, size: int, micro: int, n: int, tp: int, pp
 
 
 def tensor_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:
-    """Megatron-LM's activation collectives of every layer, per micro-batch (`plan.tensor_parallel`;
-    empty when tp = 1)."""
+    """Megatron-LM's activation collectives of every layer of the stage with the most layers, per
+    micro-batch (`plan.tensor_parallel`; empty when tp = 1)."""
     if par.tp == 1:
         return []
+    layers = busiest_stage_layers(m, par.pp, par.virtual_stages)
     return list(_tensor_parallel_ops(par.tp, tr.micro_batch * m.seq * m.hidden, tr.bytes_per_value,
-                                     math.ceil(m.layers / par.pp) * tr.accumulation(par.dp),
-                                     par.placement(gpus_per_node).node_size("tp"), par.sequence_parallel))
+                                     layers * tr.accumulation(par.dp),
+                                     par.placement(gpus_per_node).node_size("tp"), par.sequence_parallel,
+                                     par.recompute, par.recompute_replay))
 
 
 @lru_cache(maxsize=65536)
 def _tensor_parallel_ops(t: int, count: int, itemsize: int, layer_passes: int, node: int,
-                         sequence_parallel: bool) -> tuple[CommOp, ...]:
+                         sequence_parallel: bool, recompute: str, replay: str) -> tuple[CommOp, ...]:
     """`tensor_parallel_ops` from plain numbers (cached, like `_data_parallel_ops`)."""
     return tuple(CommOp("tp", what, collective, "ring", t, count, itemsize, calls * layer_passes, node, "none")
-                 for what, collective, calls in tensor_parallel.layer_collectives(sequence_parallel))
+                 for what, collective, calls in tensor_parallel.layer_collectives(sequence_parallel, recompute,
+                                                                                  replay))
 
 
 def pipeline_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node: int) -> list[CommOp]:
-    """Activation and gradient point-to-point of a middle stage (empty when pp = 1)."""
+    """Activation and gradient point-to-point of a middle stage, and under scatter/gather (tp > 1
+    without sequence parallelism) the all-gather of each arriving slice over the tp group (a "tp"
+    op, on NVLink when the tp group is inside a node; empty when pp = 1)."""
     p = par.pp
     if p == 1:
         return []
     # One micro-batch's activation one way, in elements: 1/t of it per tp rank (boundary_bytes).
-    count = pipeline.boundary_bytes(1, tr.micro_batch, m.seq, m.hidden, 1, par.tp) // 2
+    count = pipeline.message_numel(tr.micro_batch, m.seq, m.hidden, par.tp)
     inside = par.tp * par.dp * p <= gpus_per_node
     # A middle stage sends an activation forward and a gradient back per micro-batch and model
     # chunk (and receives as many); with two stages each end's outermost chunk sends in one
     # direction only: v forwards and v - 1 backwards, or the reverse.
     v = par.virtual_stages
     calls = tr.accumulation(par.dp) * (2 * v if p > 2 else 2 * v - 1)
-    return [_pipeline_op(p, count, tr.bytes_per_value, calls, p if inside else 1)]
+    ops = [_pipeline_op(p, count, tr.bytes_per_value, calls, p if inside else 1)]
+    if par.tp > 1 and not par.sequence_parallel:
+        # Each message that arrives is rebuilt whole from the tp ranks' slices (Narayanan et al.
+        # 2021 §4.1): an all-gather of b·s·h over the tp group per receive, as many as the sends.
+        node = par.placement(gpus_per_node).node_size("tp")
+        ops.append(_gather_op(par.tp, count * par.tp, tr.bytes_per_value, calls, node))
+    return ops
+
+
+@lru_cache(maxsize=65536)
+def _gather_op(t: int, count: int, itemsize: int, calls: int, node: int) -> CommOp:
+    """The scatter/gather all-gather of `pipeline_ops`, on the tp group and so of kind "tp" (cached,
+    like `_data_parallel_ops`)."""
+    return CommOp("tp", "scatter/gather: arriving slices all-gathered over tp", "all_gather", "ring", t, count,
+                  itemsize, calls, node, "none")
 
 
 @lru_cache(maxsize=65536)

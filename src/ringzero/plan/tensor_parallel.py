@@ -9,7 +9,8 @@ learned positions and the row-parallel biases are replicated on every tp rank.
 Traffic per micro-batch of b·s tokens (elements of the activation dtype unless said):
 - each layer: two all-reduces of b·s·h in forward (after the attention and MLP row-parallel linears,
   the g operator) and two in backward (before the column-parallel ones, the f operator); full
-  recomputation runs the forward again in backward, up to the last reduction: five. Sequence parallelism turns each all-reduce
+  recomputation runs the forward again in backward (`layer_collectives`: six as Megatron-LM replays
+  it, five as torch's non-reentrant checkpoint does). Sequence parallelism turns each all-reduce
   into an all-gather before the column-parallel linear and a reduce-scatter after the row-parallel
   one, b·s·h each, and their conjugates in backward: the same bytes (Korthikanti et al. §4.2.2);
 - the vocabulary-parallel embedding: one all-reduce of b·s·h in forward (with sequence parallelism
@@ -58,23 +59,39 @@ def partial_grad_params(m: ModelShape) -> int:
     return (2 * m.layers + 1) * norm_params(m) + (2 * m.hidden * m.layers if m.bias else 0)
 
 
-def layer_collectives(sequence_parallel: bool = False, recompute: str = "none") -> list[tuple[str, str, int]]:
+REPLAYS = ("whole", "early-stop")
+"""How full recomputation re-runs a block in backward: "whole" re-runs all of it (Megatron-LM's
+`CheckpointFunction`), "early-stop" stops once the last saved tensor is rebuilt (torch's
+non-reentrant `checkpoint`, which ringzero's engine uses)."""
+
+
+def layer_collectives(sequence_parallel: bool = False, recompute: str = "none",
+                      replay: str = "early-stop") -> list[tuple[str, str, int]]:
     """(what, collective, calls) of one transformer layer per micro-batch, each of b·s·h elements.
 
-    Full recomputation runs each block's forward again in backward, but torch's non-reentrant
-    checkpoint stops once the last tensor backward needs is rebuilt (the second MLP matrix's input),
-    so the block's final reduction (all-reduce or reduce-scatter) is not repeated: 4 + 1 all-reduces
-    per layer where Megatron, re-running the whole block, has 6."""
-    again = recompute == "full"
+    Without recomputation, and with selective recomputation (only the attention core, between the
+    column- and row-parallel linears, is re-run: no tp collective), 4 all-reduces per layer. Full
+    recomputation runs each block's forward again in backward. Re-run whole ("whole"), it repeats
+    both reductions: 2 forward + 2 recomputed + 2 backward = 6 all-reduces per layer, Megatron-LM's
+    count under full recomputation (a whole forward more, its collectives included: Korthikanti et
+    al. 2022). torch's non-reentrant checkpoint ("early-stop", the default: ringzero's engine) stops
+    once the last tensor backward needs is rebuilt (the second MLP matrix's input), so the block's
+    final reduction is not repeated: 4 + 1. Under sequence parallelism each all-reduce is a
+    reduce-scatter and an all-gather, and the same holds for each (the recomputed forward's two
+    all-gathers run either way)."""
+    if replay not in REPLAYS:
+        raise ValueError(f"replay={replay!r} is not supported; allowed: {', '.join(REPLAYS)}")
+    full = recompute == "full"
+    again = (2 if replay == "whole" else 1) if full else 0       # reductions of the replayed forward
     if sequence_parallel:        # every all-reduce becomes a reduce-scatter and an all-gather
         return [("sequence-parallel reduce-scatter", "reduce_scatter", 4 + again),
-                ("sequence-parallel all-gather", "all_gather", 4 + 2 * again)]
+                ("sequence-parallel all-gather", "all_gather", 4 + 2 * full)]
     return [("activation all-reduce", "all_reduce", 4 + again)]
 
 
 def collectives(m: ModelShape, b: int, tp: int, *, sequence_parallel: bool = False,
-                recompute: str = "none", layers: int | None = None, first: bool = True,
-                last: bool = True) -> list[tuple[str, str, int, int]]:
+                recompute: str = "none", replay: str = "early-stop", layers: int | None = None,
+                first: bool = True, last: bool = True) -> list[tuple[str, str, int, int]]:
     """The tp collectives of one micro-batch: (what, collective, elements, calls), in activation
     elements except the cross-entropy's fp32 ones (empty when tp = 1). A pipeline stage runs
     `layers` blocks, the embedding's collectives only if `first`, the head's and loss's if `last`."""
@@ -82,7 +99,7 @@ def collectives(m: ModelShape, b: int, tp: int, *, sequence_parallel: bool = Fal
         return []
     bsh, bs = b * m.seq * m.hidden, b * m.seq
     n = m.layers if layers is None else layers
-    out = [(what, c, bsh, k * n) for what, c, k in layer_collectives(sequence_parallel, recompute) if n]
+    out = [(what, c, bsh, k * n) for what, c, k in layer_collectives(sequence_parallel, recompute, replay) if n]
     if sequence_parallel:
         out += [("embedding all-reduce", "all_reduce", bsh, 1),
                 ("embedding output scattered, its gradient all-gathered", "all_gather", bsh, 1)] if first else []

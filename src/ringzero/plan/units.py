@@ -67,3 +67,21 @@ def parse_size(text: str, flag: str) -> int:
     except ValueError:
         raise ValueError(f"bad size {text!r} for {flag}: expected a number of bytes with an optional "
                          f"unit: {BYTE_UNITS}") from None
+
+
+def cached_hash(obj) -> int:
+    """A frozen dataclass's hash of its fields, computed once and kept on the instance: the
+    planner's caches key on shapes and hardware thousands of times per search."""
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = hash(tuple(getattr(obj, f) for f in obj.__dataclass_fields__))
+        object.__setattr__(obj, "_hash", h)
+    return h
+
+
+def uncached_state(obj) -> dict:
+    """`obj`'s pickled state without its cached hash: string hashes are salted per process, so a
+    hash carried into another process would not match an equal object made there."""
+    state = dict(obj.__dict__)
+    state.pop("_hash", None)
+    return state

@@ -38,12 +38,16 @@ def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
 
 
 def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Parallel]:
+    """The planner's inputs for this run, with this engine's ways where the planner's default is
+    Megatron-LM's: full recomputation through torch's non-reentrant checkpoint, which stops before
+    a block's last tensor-parallel reduction (`plan.tensor_parallel.layer_collectives`)."""
     pl = cfg.placement(world)
     tr = Training(micro_batch=cfg.micro_batch, global_batch=cfg.global_batch(world),
                   precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
     par = Parallel(dp=pl.dp, tp=pl.tp, pp=pl.pp, sequence_parallel=cfg.sequence_parallel, zero=strategy(cfg).zero,
-                   recompute=cfg.recompute, flash_attention=fused_attention(cfg), bucket_mb=cfg.bucket_mb,
-                   schedule=cfg.schedule, virtual_stages=cfg.virtual_stages, offload=cfg.offload_optimizer)
+                   recompute=cfg.recompute, recompute_replay="early-stop", flash_attention=fused_attention(cfg),
+                   bucket_mb=cfg.bucket_mb, schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
+                   offload=cfg.offload_optimizer)
     return cfg.shape, tr, par
 
 
