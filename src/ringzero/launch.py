@@ -9,7 +9,7 @@ ranks stop completing steps is stopped too (`ringzero.watchdog`). Ranks die with
 leave Ctrl-C to it (`ringzero.rank_io`). Nothing hangs and nothing is orphaned.
 
 Under torchrun (`RANK` and `WORLD_SIZE` in the environment) `run` joins that job instead: NCCL when
-CUDA is available, gloo otherwise, and calls `fn` once on this rank.
+CUDA is available, gloo otherwise, and calls `fn` once on this rank (`ringzero.torchrun_job`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import allocator, rank_io, watchdog
+from . import allocator, rank_io, torchrun_job, watchdog
 from .comm import flight_watch, link_emulator
 from .rank_io import in_torchrun  # noqa: F401  (part of this module's API)
 from .watchdog import Watchdog, WatchdogPolicy
@@ -268,17 +268,6 @@ def _root_cause(procs, results, ranks, out, rank, value, grace: float = 1.0):
     return f"rank {r} failed: {_first_line(errors[r])}", r, errors[r]
 
 
-def _watch_collectives(watch: WatchdogPolicy | None) -> threading.Event | None:
-    """Under torchrun: publish this rank's flight recorder to the job's store and, with `watch`,
-    end this rank once a collective is in flight past `watch.floor_s` (`comm.flight_watch`)."""
-    try:
-        store = dist.distributed_c10d._get_default_store()
-    except (RuntimeError, AttributeError):      # a group made without a store (or another torch)
-        return None
-    return flight_watch.start(store, dist.get_rank(), None if watch is None else watch.floor_s,
-                              dist.get_world_size())
-
-
 def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
         watch: WatchdogPolicy | None = None, backend: str = "auto"):
     """Under torchrun, join the job and return this rank's `fn(*args)`; otherwise `spawn` locally.
@@ -290,22 +279,5 @@ def run(fn, nproc: int | None = None, args: tuple = (), timeout: float = DEFAULT
     asks for "gloo".
     """
     if in_torchrun():
-        allocator.tune()
-        ours = not dist.is_initialized()
-        if ours:
-            if backend == "auto":
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
-            if backend == "nccl":
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
-        stop = _watch_collectives(watch)
-        try:
-            return fn(*args)
-        finally:
-            if stop is not None:
-                stop.set()
-            # A process group left to the interpreter's exit can abort the process ("terminate
-            # called without an active exception") while its threads are torn down.
-            if ours and dist.is_initialized():
-                dist.destroy_process_group()
+        return torchrun_job.join(fn, args, timeout, watch, backend)
     return spawn(fn, nproc or 1, args, timeout, watch=watch)
