@@ -202,6 +202,20 @@ def test_a_rank_that_cannot_write_its_shard_is_reported_not_waited_for(tmp_path)
     assert not [n for n in os.listdir(tmp_path) if not n.endswith(".tmp-tok")]     # nothing published
 
 
+def test_markers_are_waited_for_until_the_deadline_or_without_one(tmp_path):
+    """A rank's marker missing past `wait_s` is a TimeoutError naming it; with `wait_s` None (a
+    parameter server's workers, whose servers save when the slowest worker gets there) the wait
+    lasts until the marker comes."""
+    import threading
+    from ringzero.checkpoint.save import _wait_marker, marker
+    with pytest.raises(TimeoutError, match="rank 1 did not finish writing its shard within 0.05 s"):
+        _wait_marker(str(tmp_path), 1, 0.05)
+    late = threading.Timer(0.3, lambda: (tmp_path / marker(1)).write_text('[{"name": "x"}]'))
+    late.start()
+    assert _wait_marker(str(tmp_path), 1, None) == [{"name": "x"}]
+    late.join()
+
+
 def test_a_tensor_parallel_slice_that_cannot_be_cut_is_refused(tmp_path):
     d = tmp_path / "step-00000001"
     d.mkdir()

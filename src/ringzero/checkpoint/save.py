@@ -102,10 +102,11 @@ def tmp_dir(root: str, step: int, token: str) -> str:
     return os.path.join(root, f"{step_dir(step)}.tmp-{token}")
 
 
-def write(root: str, snap: Snapshot, wait_s: float = 600.0) -> str | None:
+def write(root: str, snap: Snapshot, wait_s: float | None = 600.0) -> str | None:
     """Steps 2-3 of the module doc for `snap`; returns the checkpoint's path on rank 0. A rank that
     cannot write its shard leaves a `.failed` marker with its error, so that rank 0 reports it
-    instead of waiting for a marker that never comes."""
+    instead of waiting for a marker that never comes; `wait_s` None: wait as long as it takes (the
+    ranks reach the step at their own pace, and a dead one ends the job)."""
     from safetensors.torch import save_file
     tmp = tmp_dir(root, snap.step, snap.token)
     try:
@@ -129,8 +130,9 @@ def marker(rank: int) -> str:
     return f"rank-{rank:05d}.json"
 
 
-def _wait_marker(tmp: str, rank: int, wait_s: float) -> list[dict]:
-    path, deadline = os.path.join(tmp, marker(rank)), time.monotonic() + wait_s
+def _wait_marker(tmp: str, rank: int, wait_s: float | None) -> list[dict]:
+    path = os.path.join(tmp, marker(rank))
+    deadline = time.monotonic() + (wait_s if wait_s is not None else float("inf"))
     while not os.path.isfile(path):
         if os.path.isfile(path + ".failed"):
             with open(path + ".failed", encoding="utf-8") as f:

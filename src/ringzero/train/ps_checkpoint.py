@@ -86,8 +86,10 @@ class PSSaver:
 
     def save_behind(self, step: int) -> None:
         """A worker's part (its RNG state) on a background thread: worker 0 publishes the
-        checkpoint there once the servers' markers are in, which its own steps must not wait for."""
-        self.behind.start(write, self.cfg.save_dir, self._snapshot(step, []))
+        checkpoint there once the servers' markers are in, which its own steps must not wait for.
+        No deadline on those markers: they come when the slowest worker reaches `step` (under
+        async, any number of steps behind worker 0), and a dead rank ends the job anyway."""
+        self.behind.start(write, self.cfg.save_dir, self._snapshot(step, []), None)
 
     def _snapshot(self, step: int, locals_: list[Local]):
         meta = _meta(self.cfg, self.workers, self.servers, step)
