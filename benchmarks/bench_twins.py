@@ -7,7 +7,8 @@ exposed communication, beside the median spread of the step time the in-run prob
 ((max - min) / median over a run's probe points: how much the machine's load moved during a run)
 and the median share of the run the probes took. The configurations: data parallelism, ZeRO-1 in
 fp16 (16-bit arithmetic runs ~20x slower than fp32 on a CPU without native support, so a smaller
-micro-batch and sequence), ZeRO-2 with selective recomputation (`make run`), and ZeRO-3.
+micro-batch and sequence), ZeRO-2 with selective recomputation (`make run`), and ZeRO-3 in fp32
+and in bf16 (`--nprocs 3` puts three ranks on a 2-core machine: two share a core at any moment).
 
     python benchmarks/bench_twins.py                          # the README's table (a quiet machine)
     python benchmarks/bench_twins.py --repeat 1 --steps 20    # a quick look
@@ -31,6 +32,7 @@ CONFIGS = {
     "zero1-fp16": ["--strategy", "zero1", "--precision", "fp16", "--micro-batch", "1", "--seq", "64"],
     "zero2-selective": ["--strategy", "zero2", "--recompute", "selective", "--micro-batch", "4"],
     "zero3": ["--strategy", "zero3", "--micro-batch", "4"],
+    "zero3-bf16": ["--strategy", "zero3", "--precision", "bf16", "--micro-batch", "4"],
 }
 TWINS = {"step": "step time", "compute": "compute per step", "comm": "exposed communication per step"}
 CLI = "import sys; from ringzero.cli import main; sys.exit(main())"

@@ -32,6 +32,13 @@ def test_probe_points_span_the_run():
     assert max(b - a for a, b in zip(points, points[1:])) <= 200 / (probe.MAX_POINTS - 1) + 1
 
 
+def test_pooled_rate_is_the_median_over_every_ranks_points():
+    """Ranks sharing cores take turns at a core of their own: the run's rate is every rank's."""
+    points = [[{"flops": 1.0}, {"flops": 5.0}], [{"flops": 2.0}, {"flops": 4.0}], [{"flops": 3.0}, {"flops": 9.0}]]
+    assert probe.pooled_flops(points) == 3.5
+    assert probe.pooled_flops(points, 0) == 2.0 and probe.pooled_flops(points, 1) == 5.0
+
+
 @pytest.mark.parametrize("recompute", ("none", "selective", "full"))
 def test_block_flops_are_the_models_formula_for_one_layer(recompute):
     m = TrainConfig(model="nano").shape
@@ -110,7 +117,12 @@ def test_json_report_has_probe_spread_and_error_definition(pool):
             assert s["min"] <= s["median"] <= s["max"] and s["spread"] >= 0, k
         assert probes["cost_s"] > 0 and probes["cost_fraction"] > 0
         busiest = max(results, key=lambda r: r.step_time)
-        step = report.step_seconds(cfg, 2, busiest.buckets, busiest.probe)
+        # the block's rate is the median over both ranks' points; the rest is the busiest rank's
+        pooled = statistics.median(p["flops"] for r in results for p in r.probes)
+        assert d["probe"] == {**busiest.probe, "flops": pooled}
+        for i, point in enumerate(probes["points"]):
+            assert point["flops"] == statistics.median(r.probes[i]["flops"] for r in results)
+        step = report.step_seconds(cfg, 2, busiest.buckets, {**busiest.probe, "flops": pooled})
         assert d["twins"]["step time"]["predicted"] == pytest.approx(step["step"])
         seconds = {"in_compute": 0.0, "comm": 0.0}
         for c, n, size, t in predict.calls(cfg, 2, busiest.buckets):

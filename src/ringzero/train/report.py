@@ -14,8 +14,9 @@ changed during the run shows there.
 
 - Compute: the step's hardware FLOPs (6N per token, 8N with full recomputation, 6N + 4·L·s·h
   selective, plus the attention matmuls, 12·L·s·h; `plan.flops`) at the FLOP/s one block of the
-  run's shape, dtype and recomputation reached in the probe; under ZeRO-3 plus its all-gathers
-  (below).
+  run's shape, dtype and recomputation reached in the probe (the median over every rank's points:
+  ranks that share cores take turns at one of their own, `probe.pooled_flops`); under ZeRO-3 plus
+  its all-gathers (below).
 - Exposed communication: Σ over the step's collectives (`predict.calls`: which collective, how many
   elements of which size, how many times per step) of the seconds the same call took in the probe
   (same algorithm, dtype and communication thread), all of it counted as exposed, except ZeRO-3's
@@ -49,7 +50,7 @@ from . import predict, report_zero
 from . import predict_pipeline as pipe
 from .config import TrainConfig
 from .engine import RankResult
-from .probe import call_key
+from .probe import call_key, pooled_flops
 
 ERROR_DEFINITION = (
     "error = (measured - predicted) / predicted: + means the measurement is above the prediction "
@@ -128,6 +129,18 @@ def _busiest(results: list[RankResult]) -> RankResult:
     return max(results, key=lambda r: r.step_time)
 
 
+def _pooled(results: list[RankResult]) -> bool:
+    n = len(results[0].probes)
+    return n > 0 and all(len(r.probes) == n for r in results)
+
+
+def run_rates(results: list[RankResult]) -> dict:
+    """The busiest rank's probed rates, but the block's FLOP/s over every rank's points
+    (`probe.pooled_flops`: ranks that share cores take turns at a core of their own)."""
+    own = _busiest(results).probe
+    return {**own, "flops": pooled_flops([r.probes for r in results])} if _pooled(results) else own
+
+
 def _stats(xs: list[float]) -> dict[str, float]:
     mid = statistics.median(xs)
     return {"min": min(xs), "median": mid, "max": max(xs), "spread": (max(xs) - min(xs)) / mid if mid else 0.0}
@@ -137,9 +150,11 @@ def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> di
     """The busiest rank's (the table's) probe points with the prediction each one alone gives, the
     spread ((max - min) / median) of the rates, of those predictions and of the measured steps
     ("measured_step"), and what probing cost against the steps' time."""
-    res = _busiest(results)
+    res, pooled = _busiest(results), _pooled(results)
+    points = [{**p, "flops": pooled_flops([r.probes for r in results], i) if pooled else p["flops"]}
+              for i, p in enumerate(res.probes)]
     points = [{**p, "predicted": step_seconds(cfg, world, res.buckets, p, res.sp_elements, res.rank)}
-              for p in res.probes]
+              for p in points]
     if not points:
         return {"points": [], "spread": {}, "cost_s": 0.0, "cost_fraction": 0.0}
     spread = {k: _stats([p[k] for p in points]) for k in ("flops", "optimizer_s_per_param")}
@@ -157,7 +172,7 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     sent = [predict.traffic(cfg, world, r.buckets, r.rank, r.sp_elements) for r in results]
     total_sent = [sum(op["bytes_sent"] for op in r.traffic.get("ops", {}).values()) for r in results]
     total_recv = [sum(op["bytes_recv"] for op in r.traffic.get("ops", {}).values()) for r in results]
-    steps = step_seconds(cfg, world, busiest.buckets, busiest.probe, busiest.sp_elements, busiest.rank)
+    steps = step_seconds(cfg, world, busiest.buckets, run_rates(results), busiest.sp_elements, busiest.rank)
     tokens = cfg.global_batch(world) * cfg.shape.seq
     rows = [Twin(f"{name} held", max(s[key] for s in states), max(r.held[key] for r in results), "bytes")
             for name, key in (("parameters", "params"), ("gradients", "grads"), ("optimizer states", "optimizer"))]
@@ -224,15 +239,14 @@ def pipeline_twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> l
 def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[Twin],
             probes: dict | None = None) -> dict:
     """The report as plain data (`probes`: `probe_summary`'s, when the caller has it already)."""
-    r0, busiest = results[0], _busiest(results)
-    rates = busiest.probe
+    r0, busiest, probed = results[0], _busiest(results), run_rates(results)
     return {"schema": "ringzero.train-report/2", "config": dataclasses.asdict(cfg), "world": world,
             "losses": r0.losses, "val": [{"step": s, "loss": v} for s, v in r0.val],
             "error_definition": ERROR_DEFINITION,
             "twins": {t.name: t.to_json() for t in rows}, "skipped_steps": r0.skipped,
-            "predicted_phases": step_seconds(cfg, world, busiest.buckets, rates, busiest.sp_elements, busiest.rank),
-            "probe": rates, "probes": probes or probe_summary(cfg, world, results),
-            "communication_model": comm_seconds(cfg, world, busiest.buckets, rates, busiest.sp_elements,
+            "predicted_phases": step_seconds(cfg, world, busiest.buckets, probed, busiest.sp_elements, busiest.rank),
+            "probe": probed, "probes": probes or probe_summary(cfg, world, results),
+            "communication_model": comm_seconds(cfg, world, busiest.buckets, probed, busiest.sp_elements,
                                                 busiest.rank)["source"],
             "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets, busiest.sp_elements,
                                                             busiest.rank),
