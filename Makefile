@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job: train ringzero's GPT with ZeRO-2 and selective recomputation on 4 local ranks
-# (2 min 22 s in all on the 2-core development machine), then the planner's view of a real model.
+# (1-2.5 min in all on the 2-core development machines), then the planner's view of a real model.
 run: $(STAMP)
 	$(VENV)/bin/ringzero train --nproc 4 --strategy zero2 --recompute selective --micro-batch 4 --steps 200
 	$(VENV)/bin/ringzero plan --model llama-2-7b --gpus 8 --gpu a100-80gb --zero 3 --recompute selective --flash-attention
@@ -24,6 +24,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_comm.py
 	$(PY) benchmarks/bench_plan.py
+	$(PY) benchmarks/bench_plan_fidelity.py
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_offload.py --json out/bench_offload.json
 	$(VENV)/bin/ringzero bench ps --nproc 4 --steps 60 --plot out/bench_ps.png --json out/bench_ps.json
