@@ -14,7 +14,7 @@ import torch
 
 from ringzero.plan import flops
 from ringzero.plan.shapes import param_count
-from ringzero.train import predict, probe, report
+from ringzero.train import predict, predict_step, probe, report
 from ringzero.train.config import TrainConfig
 from ringzero.train.engine import Trainer, train_rank
 from ringzero.parallel.topology import Topology
@@ -122,7 +122,7 @@ def test_json_report_has_probe_spread_and_error_definition(pool):
         assert d["probe"] == {**busiest.probe, "flops": pooled}
         for i, point in enumerate(probes["points"]):
             assert point["flops"] == statistics.median(r.probes[i]["flops"] for r in results)
-        step = report.step_seconds(cfg, 2, busiest.buckets, {**busiest.probe, "flops": pooled})
+        step = predict_step.step_seconds(cfg, 2, busiest.buckets, {**busiest.probe, "flops": pooled})
         assert d["twins"]["step time"]["predicted"] == pytest.approx(step["step"])
         seconds = {"in_compute": 0.0, "comm": 0.0}
         for c, n, size, t in predict.calls(cfg, 2, busiest.buckets):
@@ -141,7 +141,7 @@ def test_json_report_has_probe_spread_and_error_definition(pool):
 def test_without_a_comm_probe_the_alpha_beta_gamma_model_predicts(pool):
     cfg, results = next(iter(_two_ranks(pool).items()))
     rates = {k: v for k, v in results[0].probe.items() if k != "comm"}
-    seconds = report.comm_seconds(cfg, 2, results[0].buckets, rates)
+    seconds = predict_step.comm_seconds(cfg, 2, results[0].buckets, rates)
     assert seconds == {"exposed": predict.comm_seconds(cfg, 2, results[0].buckets), "in_compute": 0.0,
                        "source": "alpha-beta-gamma model"}
     bare = [dataclasses.replace(r, probe=rates, probes=[]) for r in results]

@@ -28,7 +28,7 @@ from ..rank_io import in_torchrun
 from ..train.config import STRATEGIES, TrainConfig, choices
 from ..train.deepspeed import from_deepspeed
 from ..watchdog import WatchdogPolicy
-from . import train_args, train_log
+from . import train_args, train_log, train_restarts
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
@@ -229,44 +229,13 @@ def run(args: argparse.Namespace) -> int:
     if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
         print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback) for "
               f"{cfg.steps} steps", file=sys.stderr, flush=True)
-    results = _run_with_restarts(cfg, world, args, torchrun, job.watch)
+    results = train_restarts.run(_rank_main, cfg, world, args, torchrun, job.watch)
     if torchrun:
         if int(os.environ["RANK"]):
             return 0
         results = results if isinstance(results, list) else [results]
     _report(cfg, world, results, args.json_report, args.pipeline_plot)
     return 0
-
-
-def _run_with_restarts(cfg: TrainConfig, world: int, args, torchrun: bool, watch) -> list:
-    """Run the job; when a rank fails and restarts are left, run it again from the latest complete
-    checkpoint under --save-dir (from the start if there is none yet), without injected faults."""
-    from .. import launch
-    attempt = cfg
-    if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        attempt = _restarted(cfg)                 # torchrun's own --max-restarts started this attempt
-    for restart in range(cfg.max_restarts + 1):
-        try:
-            # The engine keeps its tensors on the CPU, so under torchrun too its collectives run on gloo.
-            return launch.run(_rank_main, world, args=(attempt, args.quiet, torchrun, args.checks),
-                              timeout=args.timeout, watch=watch, backend="gloo")
-        except launch.RankError as exc:
-            if restart == cfg.max_restarts or torchrun:
-                raise
-            attempt = _restarted(cfg, f"{exc.summary}; restart {restart + 1} of {cfg.max_restarts}")
-    raise AssertionError("unreachable")
-
-
-def _restarted(cfg: TrainConfig, why: str = "restarted by torchrun") -> TrainConfig:
-    """`cfg` for a restart: from the newest complete checkpoint under --save-dir (the start, or
-    --resume, if there is none yet), without the injected faults that made it fail."""
-    from ..checkpoint.save import complete
-    done = complete(cfg.save_dir) if cfg.save_dir is not None else []
-    start = os.path.join(cfg.save_dir, done[-1]) if done else cfg.resume
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"ringzero: {why} from {start or 'the start'}", file=sys.stderr, flush=True)
-    return dataclasses.replace(cfg, resume=start, init_from=None if start else cfg.init_from,
-                               inject_kill=None, inject_nonfinite=None)
 
 
 def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None) -> None:

@@ -1,5 +1,5 @@
 """What this machine's ranks can do at once, probed at several points of a training run. The rates
-calibrate the step-time prediction of `train.report`; the steps themselves are never used for it.
+calibrate the step-time prediction of `train.predict_step`; the steps themselves are never used for it.
 
 A machine that others share changes its load while a run trains, so one probe before or after the
 run measures a different machine than the steps saw. `Prober` is built once per run and called at

@@ -1,0 +1,88 @@
+"""One step's predicted phases from the planner's counts and the in-run probes' rates.
+
+Step time is predicted from the planner's counts and rates measured by probes (`train.probe`) at
+points of the run itself (before the first step, after the last and about every 10 steps between:
+2 to 16), every rank at once, never from the steps' own times; each rate is the median over the
+points, and the JSON lists every point and the spread of the prediction it gives, so a load that
+changed during the run shows there.
+
+- Compute: the step's hardware FLOPs (6N per token, 8N with full recomputation, 6N + 4·L·s·h
+  selective, plus the attention matmuls, 12·L·s·h; `plan.flops`) at the FLOP/s one block of the
+  run's shape, dtype and recomputation reached in the probe (the median over every rank's points:
+  ranks that share cores take turns at one of their own, `probe.pooled_flops`); under ZeRO-3 plus
+  its all-gathers (below).
+- Exposed communication: Σ over the step's collectives (`predict.calls`: which collective, how many
+  elements of which size, how many times per step) of the seconds the same call took in the probe
+  (same algorithm, dtype and communication thread), all of it counted as exposed, except ZeRO-3's
+  all-gathers: forward and backward wait for a layer's weights, so those are predicted (and
+  measured) inside compute. Why a probe and not the α-β-γ model alone: the model's constants come
+  from a separate calibration (or its defaults) on a machine that may have been quiet then and is
+  loaded now (under load here, every probed call took about 4 ms whatever its size: one tick of this
+  250 Hz kernel's scheduler), and from fp32 buffers, while a 16-bit reduction on a CPU runs at
+  another speed; the probe times the real call under the run's load. It is still a prediction: the
+  probe times each call alone, and the planner's counts say how many of each a step makes. Why no
+  overlap is credited: the ranks share this machine's cores, so a collective that runs beside
+  backward takes cores from it; the time it hides from the comm phase reappears in compute (measured
+  compute above, exposed communication below the prediction, the step time close). The α-β-γ figure
+  is kept in the JSON (`alpha_beta_gamma_comm_s`), and is the prediction, all of it exposed, when no
+  probe ran.
+- Optimizer: the shard's parameters (`predict.optimizer_shard`) at the seconds per parameter the
+  probe measured for `ShardedAdam.step` on shards of this rank's sizes and dtype (the norm's
+  all-reduce, where ranks wait for each other, counts as communication).
+"""
+
+from __future__ import annotations
+
+from ..plan import flops
+from ..plan.pipeline_layout import stage_flops_per_token
+from ..plan.shapes import param_count
+from . import predict, report_zero
+from . import predict_pipeline as pipe
+from .config import TrainConfig
+from .probe import call_key
+
+
+def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict,
+                 sp_elements: int | None = None, rank: int = 0) -> dict:
+    """One step's collectives: {"exposed": s, "in_compute": s (ZeRO-3's all-gathers and the tensor-
+    parallel collectives, waited for inside forward and backward), "source"}, from the in-run probe's
+    seconds per call times the planner's calls, or (when the probe did not time every call) the
+    α-β-γ model's total, all exposed."""
+    probed = rates.get("comm") or {}
+    grouped = predict.grouped_calls(cfg, world, buckets, sp_elements, rank)
+    keys = [call_key(c, n, size, group) for group, _, calls in grouped for c, n, size, _ in calls]
+    source = "in-run probe" if keys and all(k in probed for k in keys) else "alpha-beta-gamma model"
+    out = {"exposed": 0.0, "in_compute": 0.0, "source": source}
+    for group, n, calls in grouped:
+        for collective, count, size, times in calls:
+            k = call_key(collective, count, size, group)
+            seconds = probed[k] if source == "in-run probe" else \
+                predict.call_seconds(cfg, group, collective, n, count * size)
+            inside = group == "tp" or (predict.strategy(cfg).shard_params and collective == "all_gather")
+            probed_inside = inside and source == "in-run probe"     # the model's total stays all exposed
+            out["in_compute" if probed_inside else "exposed"] += times * seconds
+    return out
+
+
+def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict,
+                 sp_elements: int | None = None, rank: int = 0) -> dict[str, float]:
+    """The predicted phases of one step of `rank` at the probed `rates` (see the module doc):
+    "compute" is "arithmetic" (this rank's FLOPs at the probed rate: 1/t of its stage's under tensor
+    parallelism) plus "in_compute" (ZeRO-3's all-gathers, the tensor-parallel collectives); under a
+    pipeline "bubble" is the stage's idle time, compute x f/(1-f) for the bubble fraction f."""
+    m = cfg.shape
+    per_token = flops.step_flops_per_token(param_count(m).total, cfg.recompute, m)
+    if cfg.pp > 1:                      # the stage's blocks, and the head on the last
+        per_token = stage_flops_per_token(m, pipe.stage_of(cfg, world, rank), cfg.pp, cfg.virtual_stages,
+                                          cfg.recompute)
+    tokens = cfg.micro_batch * cfg.grad_accum * m.seq
+    arithmetic = per_token * tokens / cfg.tp / rates["flops"]      # tensor parallelism splits the FLOPs
+    comm = comm_seconds(cfg, world, buckets, rates, sp_elements, rank)
+    compute = arithmetic + comm["in_compute"]
+    f = pipe.bubble(cfg) if cfg.pp > 1 else 0.0
+    bubble = compute * f / (1 - f)
+    optimizer = predict.optimizer_shard(cfg, world, rank) * rates["optimizer_s_per_param"]
+    if "offload" in rates:                  # the offloaded update's chunk loop or swap pipeline
+        optimizer = report_zero.offload_update_seconds(cfg, world, buckets, rates)
+    return {"arithmetic": arithmetic, "in_compute": comm["in_compute"], "compute": compute, "bubble": bubble,
+            "comm": comm["exposed"], "optimizer": optimizer, "step": compute + bubble + comm["exposed"] + optimizer}
