@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench calibrate clean
+.PHONY: run test bench calibrate clean gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_offload.py --json out/bench_offload.json
 	$(VENV)/bin/ringzero bench ps --nproc 4 --steps 60 --plot out/bench_ps.png --json out/bench_ps.json
 	$(PY) benchmarks/bench_faults.py --trials 20 --nproc 3
+
+# On a CUDA machine (~10 min at most): the CUDA tests, a 2-rank torchrun training per strategy, bench
+# comm, and ringzero's collectives against NCCL's; one summary in out/gpu_check.json (docs/gpu.md).
+# Without CUDA it says so in one line and exits 0.
+gpu-check: $(STAMP)
+	mkdir -p out
+	$(PY) -m ringzero.gpu_check --out out/gpu_check.json
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -345,6 +345,7 @@ def test_cpu_update_time_is_the_coarse_planners_offload_term_and_devices_are_its
     assert [d.value for d in OffloadDevice] == list(OFFLOADS)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (none on this machine)")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_offload_moves_real_bytes_between_a_gpu_and_pinned_host_memory(dtype):
