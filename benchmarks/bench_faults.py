@@ -66,10 +66,10 @@ def rank_death(nproc: int, rng: random.Random) -> tuple[bool, str]:
 
 
 def save_death(nproc: int, rng: random.Random) -> tuple[bool, str]:
-    from ringzero.checkpoint.load import Reader, resolve
+    from ringzero.checkpoint.folders import complete, resolve
+    from ringzero.checkpoint.load import Reader
     from ringzero.checkpoint.manifest import read
-    from ringzero.checkpoint.save import complete
-    from ringzero.commands.checkpoint import check_files
+    from ringzero.checkpoint.verify import verify
     with tempfile.TemporaryDirectory(prefix="ringzero-faults-") as root:
         ck = os.path.join(root, "ck")
         p = subprocess.Popen([sys.executable, "-m", "ringzero.cli", "train", "--nproc", str(nproc), "--steps", "400",
@@ -84,9 +84,9 @@ def save_death(nproc: int, rng: random.Random) -> tuple[bool, str]:
         done = complete(ck)
         if not done:
             return False, "no complete checkpoint after the kill"
-        for name in done:                   # every folder that looks complete has every shard it lists
+        for name in done:                   # every folder that looks complete is whole: every shard, size and CRC-32
             try:
-                check_files(os.path.join(ck, name), read(os.path.join(ck, name)))
+                verify(os.path.join(ck, name), read(os.path.join(ck, name)), deep=True)
             except ValueError as exc:
                 return False, f"{name} looks complete but is not: {exc}"
         with open(os.path.join(ck, "latest"), encoding="utf-8") as f:

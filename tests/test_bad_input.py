@@ -26,10 +26,10 @@ def _manifest(flat=(0, 4), file="rank-00000.safetensors", dtype="float32", **top
     return json.dumps({**d, **top})
 
 
-def _safetensors() -> bytes:
-    """A valid safetensors file holding tensor "w", 4 float32 zeros (written without torch)."""
-    head = json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
-    return len(head).to_bytes(8, "little") + head + bytes(16)
+def _safetensors(n: int = 4) -> bytes:
+    """A valid safetensors file holding tensor "w", `n` float32 zeros (written without torch)."""
+    head = json.dumps({"w": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]}}).encode()
+    return len(head).to_bytes(8, "little") + head + bytes(4 * n)
 
 
 # checkpoint folder under ck/ -> (manifest.json, rank-00000.safetensors or None)
@@ -44,7 +44,8 @@ CHECKPOINTS = {
     "nofile": (_manifest(), None),
     "badfile": (_manifest(), b"not a safetensors file"),
     "ok": (_manifest(), _safetensors()),
-    "gap": (_manifest(flat=(0, 2)), _safetensors()),   # pieces leave half the tensor uncovered
+    "gap": (_manifest(flat=(0, 2)), _safetensors(2)),   # pieces leave half the tensor uncovered
+    "header": (_manifest(flat=(0, 2)), _safetensors()),  # a piece of 2 elements, a tensor of 4 in the file
 }
 # DeepSpeed configs under ds/
 CONFIGS = {
@@ -62,7 +63,7 @@ CONFIGS = {
     "nan.json": '{"gradient_clipping": NaN}',
     "optimizer.json": '{"optimizer": {"type": "SGD"}}',
     "betas.json": '{"optimizer": {"params": {"betas": [0.9]}}}',
-    "batch.json": '{"train_batch_size": 7}',
+    "batch.json": '{"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2}',
 }
 
 CASES = [
@@ -79,7 +80,7 @@ CASES = [
     ("plan --model llama-2-7b --inter-bw -3GB/s", "--inter-bw must be > 0"),
     ("plan --model llama-2-7b --intra-bw fast", "--intra-bw='fast' is not a number"),
     ("plan --model llama-2-7b --plot nodir/x.png", "does not exist"),
-    ("plan --model llama-2-7b --plot x.jpg", "must name a .png file"),
+    ("plan --model llama-2-7b --plot x.doc", "format .doc is not one matplotlib writes; allowed: .png"),
     ("plan --model llama-2-7b --plot /proc/x.png", "cannot write in '/proc'"),   # unwritable even for root
     ("plan --model llama-2-7b --servers 0", "--servers must be >= 1, got 0"),
     ("plan --model llama-2-7b --gpus 8 --tp 2 --servers 2", "--servers plans plain data parallelism"),
@@ -137,12 +138,12 @@ CASES = [
     ("train --config nosuch.json", "config file 'nosuch.json' does not exist"),
     ("train --config ds", "config file 'ds' is a folder"),
     ("train --config ds/syntax.json", "is not valid JSON: Expecting property name"),
-    ("train --config ds/unknown.json", "unsupported DeepSpeed config keys ['zero_optimisation']; supported:"),
+    ("train --config ds/unknown.json", "unknown DeepSpeed config key 'zero_optimisation'; did you mean zero_optimization?"),
     ("train --config ds/type.json", "train_micro_batch_size_per_gpu must be an integer, got '2'"),
     ("train --config ds/fraction.json", "train_micro_batch_size_per_gpu must be an integer, got 2.5"),
     ("train --config ds/stage.json", "zero_optimization.stage=7; allowed: 0, 1, 2, 3"),
     ("train --config ds/accum.json", "gradient_accumulation_steps in 'ds/accum.json': grad_accum must be >= 1"),
-    ("train --config ds/zerokey.json", "unsupported zero_optimization keys ['bogus']"),
+    ("train --config ds/zerokey.json", "unknown zero_optimization key 'bogus'"),
     ("train --config ds/flag.json", "fp16.enabled must be true or false, got 'yes'"),
     ("train --config ds/both.json", "enable at most one"),
     ("train --config ds/list.json", "must hold a JSON object, got list"),
@@ -150,7 +151,8 @@ CASES = [
     ("train --config ds/nan.json", "gradient_clipping must be a finite number"),
     ("train --config ds/optimizer.json", "optimizer.type='SGD'; allowed: Adam, AdamW"),
     ("train --config ds/betas.json", "betas must be a list of two numbers"),
-    ("train --config ds/batch.json", "train_batch_size=7 != micro batch x accumulation x ranks = 8"),
+    ("train --config ds/batch.json", "train_batch_size=7 != train_micro_batch_size_per_gpu 2 x "
+     "gradient_accumulation_steps 2 x 1 data-parallel rank = 4"),
     # ringzero bench comm|train|ps
     ("bench comm --sizes 0", "bad size '0': must be at least 1 byte"),
     ("bench comm --sizes 1XB", "bad size '1XB' for --sizes"),
@@ -198,7 +200,7 @@ CASES = [
     ("checkpoint inspect ck/escape", "manifest names a file outside its directory: '../x'"),
     ("checkpoint inspect ck/absolute", "manifest names a file outside its directory: '/etc/passwd'"),
     ("checkpoint inspect ck/format", "not a ringzero checkpoint manifest"),
-    ("checkpoint inspect ck/malformed", "manifest is malformed"),
+    ("checkpoint inspect ck/malformed", "manifest 'step' must be an integer >= 0, got 'x'"),
     ("checkpoint inspect ck/dtype", "has dtype 'int8'; allowed: float32"),
     ("checkpoint consolidate ck/notjson --out m.safetensors", "manifest is not JSON"),
     ("checkpoint consolidate ck/ok --out nodir/m.safetensors", "--out 'nodir/m.safetensors': folder"),
@@ -206,6 +208,7 @@ CASES = [
     ("checkpoint consolidate ck/nofile --out m.safetensors", "lists rank-00000.safetensors, which is missing"),
     ("checkpoint consolidate ck/badfile --out m.safetensors", "cannot read"),
     ("checkpoint consolidate ck/gap --out m.safetensors", "is incomplete"),
+    ("checkpoint consolidate ck/header --out m.safetensors", "tensor 'w' is F32 x 4 in the file, F32 x 2 in the manifest"),
     ("checkpoint consolidate ck/ok", "the following arguments are required: --out"),
 ]
 

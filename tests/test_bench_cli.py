@@ -97,10 +97,14 @@ def test_cli_all_reduce_json(capsys):
 
 def test_cli_calibrate_compare_plot(tmp_path, capsys):
     out_file, png = tmp_path / "cal.json", tmp_path / "busbw.png"
-    argv = ["bench", "comm", "--nproc", "3", "--collective", "broadcast,all_gather", "--sizes", "1KiB,8KiB",
-            "--iters", "1", "--warmup", "0", "--compare", "--calibrate", "--out", str(out_file),
+    argv = ["bench", "comm", "--nproc", "3", "--collective", "broadcast,all_gather", "--sizes", "1KiB,8KiB,64KiB",
+            "--iters", "2", "--warmup", "0", "--compare", "--calibrate", "--out", str(out_file),
             "--plot", str(png)]
-    code, out, _ = _main(argv, capsys)
+    code, out, err = _main(argv, capsys)
+    if code == 1:      # a short sweep on a busy machine can fit worse than the defaults: refused, nothing written
+        assert "calibration not written" in err and "worse than the built-in defaults" in err, err
+        assert not out_file.exists()
+        return
     assert code == 0, out
     assert "torch" in out and "calibration" in out and "fit error" in out
     data = json.loads(out_file.read_text())
@@ -109,9 +113,9 @@ def test_cli_calibrate_compare_plot(tmp_path, capsys):
 
 
 def test_cli_emulated_nodes_report_cross_node_bytes_and_prediction(capsys):
-    """3 ranks on nodes {0, 1} and {2}: the measured cross-node bytes are the plan's, and the modelled
-    algorithms carry the α-β prediction of the emulated links (unmodelled ones: None)."""
-    argv = ["bench", "comm", "--nproc", "3", "--ranks-per-node", "2", "--emulate-inter-node", "20,5",
+    """3 ranks on nodes {0, 1} and {2} (a sub-group of 4 ranks on 2 nodes): the measured cross-node bytes
+    are the plan's, and every algorithm carries the α-β prediction of the emulated links."""
+    argv = ["bench", "comm", "--nproc", "4", "--worlds", "3", "--ranks-per-node", "2", "--emulate-inter-node", "20,5",
             "--collective", "all_reduce", "--algorithm", "ring,hierarchical,tree", "--sizes", "12KiB",
             "--iters", "1", "--warmup", "0", "--json"]
     code, out, _ = _main(argv, capsys)
@@ -121,7 +125,6 @@ def test_cli_emulated_nodes_report_cross_node_bytes_and_prediction(capsys):
     for r in rows:
         call = call_for("all_reduce", r["algorithm"], 3, r["count"], 4, ranks_per_node=2)
         if r["algorithm"] == "tree":
-            assert r["emulated_us"] is None and r["cross_node_bytes"] == 3 * 4 * 1024  # 2 <-> 0, whole buffer
-            continue
+            assert r["cross_node_bytes"] == 3 * 4 * 1024  # 2 <-> 0, whole buffer
         assert r["cross_node_bytes"] == max(links.cross_node_bytes(call, k, [0, 1, 2], 2)[0] for k in range(3))
         assert r["emulated_us"] == pytest.approx(links.emulated_seconds(call, range(3), 2, 20.0, 5.0) * 1e6)

@@ -9,7 +9,8 @@ import os
 import pytest
 import torch
 
-from ringzero.checkpoint.load import Reader, resolve
+from ringzero.checkpoint.folders import resolve
+from ringzero.checkpoint.load import Reader
 from ringzero.checkpoint.manifest import CheckpointError, read
 from ringzero.train import checkpointing
 from ringzero.train.config import TrainConfig

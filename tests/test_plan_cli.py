@@ -123,7 +123,7 @@ def test_quantity_parsers():
     (["--model", "gpt2", "--mfu", "1.5"], "--mfu must be in (0, 1]"),
     (["--model", "gpt2", "--days", "0"], "--days must be > 0"),
     (["--model", "gpt2", "--top", "0"], "--top must be >= 1"),
-    (["--model", "gpt2", "--plot", "plan.svg"], "must name a .png file"),
+    (["--model", "gpt2", "--plot", "plan.doc"], "format .doc is not one matplotlib writes; allowed: .png"),
     (["--model", "gpt2", "--plot", "/no/such/dir/plan.png"], "does not exist"),
     (["--model", "gpt2", "--tokens", "-5B"], "--tokens must be > 0, got '-5B'"),
     (["--model", "gpt2", "--tokens=-5B"], "--tokens must be > 0, got '-5B'"),

@@ -95,7 +95,7 @@ def test_uneven_pipeline_is_timed_on_its_busiest_stage():
     lf, lb = layer_seconds(LLAMA7, 1, 1, "bf16", "none", True, False, False, A100)
     fwd, bwd = stage_seconds(LLAMA7, 1, 1, 7, 1, "bf16", "none", True, False, False, A100)
     assert fwd + bwd == pytest.approx(5 * (lf + lb)) and 5 > 32 / 7 * 1.05
-    tr = Training(micro_batch=1, global_batch=14)
+    tr = Training(micro_batch=1, global_batch=14, dropout=True)
     assert sum(compute_seconds(LLAMA7, tr, Parallel(pp=7), A100)) == pytest.approx(14 * 5 * (lf + lb))
 
 

@@ -158,7 +158,7 @@ def _stage_total(m: ModelShape, tr: Training, par: Parallel, stage: int) -> int:
     v = par.virtual_stages
     p, g, o, _ = model_states(stage_params(m, par.tp, stage, par.pp, v), state_bytes(tr.precision, tr.optimizer),
                               par.dp, par.zero, offload=par.offload)
-    kw = dict(value_bytes=tr.bytes_per_value, dropout=tr.dropout, tp=par.tp, sp=par.sequence_parallel)
+    kw = dict(value_bytes=tr.bytes_per_value, dropout=tr.dropout_for(m), tp=par.tp, sp=par.sequence_parallel)
     chunks = tuple(len(r) for r in chunk_layers(m, par.pp * v))
     head = act.head_bytes(m, tr.micro_batch, m.seq, value_bytes=tr.bytes_per_value, tp=par.tp)
     a = act.activation_bytes(m, tr.micro_batch, m.seq, pp=par.pp, microbatches=tr.accumulation(par.dp),

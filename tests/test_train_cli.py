@@ -44,14 +44,16 @@ def test_missing_data_path(capsys, tmp_path):
 
 @pytest.mark.timeout(30)
 def test_unsupported_deepspeed_key(capsys, tmp_path):
-    cfg = _ds(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True})
-    _fails(capsys, tmp_path, ["--nproc", "2", "--config", cfg, *QUICK], "zero_allow_untested_optimizer")
+    cfg = _ds(tmp_path, {"train_micro_batch_size_per_gpu": 1, "zero_optimisation": {"stage": 2}})
+    _fails(capsys, tmp_path, ["--nproc", "2", "--config", cfg, *QUICK], "'zero_optimisation'",
+           "did you mean zero_optimization?")
 
 
 @pytest.mark.timeout(30)
 def test_unsupported_zero_optimization_key(capsys, tmp_path):
-    cfg = _ds(tmp_path, {"zero_optimization": {"stage": 2, "contiguous_gradients": True}})
-    _fails(capsys, tmp_path, ["--nproc", "2", "--config", cfg, *QUICK], "contiguous_gradients")
+    cfg = _ds(tmp_path, {"zero_optimization": {"stage": 2, "contiguous_gradient": True}})
+    _fails(capsys, tmp_path, ["--nproc", "2", "--config", cfg, *QUICK], "'contiguous_gradient'",
+           "did you mean contiguous_gradients?")
 
 
 @pytest.mark.timeout(30)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -41,6 +42,15 @@ BENCHES = {
     "ps": ("ringzero.bench.ps", "all-reduce DP against a sync, async and SSP parameter server under a straggler"),
 }
 
+RANKED = ("train", "bench")
+"""The commands that start ranks: only their interruption has ranks to stop."""
+
+VALUE_LIKE_FLAG = re.compile(r"^-\.?[0-9]")
+"""A flag's value that starts with a minus and a digit ("-1:2", "-1,5", "-4KiB", "-.5"): argparse
+takes only plain negative numbers for values and reads the rest as an unknown option ("expected one
+argument"), so the value never reaches the check that names the field and what it allows. No
+option of ringzero starts with a digit, so such a string is always a value."""
+
 
 class Parser(argparse.ArgumentParser):
     """argparse, with a parse error as one line (exit 2) instead of the usage block and the error."""
@@ -70,6 +80,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n", 1)
     parser = Parser(prog="ringzero", description=doc[0].split(": ", 1)[1] + "\n\n" + doc[1].strip(),
                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser._negative_number_matcher = VALUE_LIKE_FLAG
     parser.add_argument("--version", action="version", version=f"ringzero {version()}")
     parser.add_argument("--debug", action="store_true", default=False,
                         help="show the full traceback of a failure (also RINGZERO_DEBUG=1)")
@@ -82,6 +93,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             mod = importlib.import_module(module)
             mod.add_arguments(p)
             p.set_defaults(handler=mod.run)
+        p._negative_number_matcher = VALUE_LIKE_FLAG      # after add_arguments: options are not values
         return p
 
     for name, (module, help) in COMMANDS.items():
@@ -115,6 +127,11 @@ def _fail(exc: BaseException, debug: bool) -> int:
     return 1
 
 
+def _stopped(command: str | None) -> str:
+    """What an interruption of `command` stopped besides this process."""
+    return "; every rank was stopped" if command in RANKED else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     first = next((a for a in argv if not a.startswith("-")), None)
@@ -133,10 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringzero: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("ringzero: interrupted (Ctrl-C); every rank was stopped", file=sys.stderr)
+        print(f"ringzero: interrupted (Ctrl-C){_stopped(first)}", file=sys.stderr)
         return 128 + signal.SIGINT
     except Terminated as exc:
-        print(f"ringzero: stopped by signal {exc.signum} (SIGTERM); every rank was stopped", file=sys.stderr)
+        print(f"ringzero: stopped by signal {exc.signum} (SIGTERM){_stopped(first)}", file=sys.stderr)
         return 128 + exc.signum
     except Exception as exc:
         return _fail(exc, debug)

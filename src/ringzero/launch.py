@@ -6,7 +6,9 @@ fixed port), calls `fn(*args)` on every rank and returns the per-rank results. I
 dies, the others are stopped at once and `RankError` names the rank and its error; past `timeout`
 every rank is stopped and the error says which ranks had not finished; with a watchdog, a job whose
 ranks stop completing steps is stopped too (`ringzero.watchdog`). Ranks die with the parent and
-leave Ctrl-C to it (`ringzero.rank_io`). Nothing hangs and nothing is orphaned.
+leave Ctrl-C to it (`ringzero.rank_io`). Nothing hangs and nothing is orphaned, and what the parent
+shares with its ranks has no name that a parent killed with SIGKILL would leave behind
+(`ringzero.rank_ipc`).
 
 Under torchrun (`RANK` and `WORLD_SIZE` in the environment) `run` joins that job instead: NCCL when
 CUDA is available, gloo otherwise, and calls `fn` once on this rank (`ringzero.torchrun_job`).
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import allocator, rank_io, torchrun_job, watchdog
+from . import allocator, rank_io, rank_ipc, torchrun_job, watchdog
 from .comm import flight_watch, link_emulator
 from .rank_io import in_torchrun  # noqa: F401  (part of this module's API)
 from .watchdog import Watchdog, WatchdogPolicy
@@ -173,25 +175,27 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     ctx = mp.get_context("spawn")
     store, port = host_store(nproc)
-    results = ctx.Queue()
+    results = rank_ipc.Results(ctx, nproc)
     threads = threads or default_threads(nproc)
     dog = Watchdog(ctx, nproc, watch) if watch is not None else None
     with tempfile.TemporaryDirectory(prefix="ringzero-ranks-") as logs:
         paths = [os.path.join(logs, f"rank{r}.stderr") for r in range(nproc)]
-        links = ctx.Array("d", nproc)
+        links = rank_ipc.LockedArray(ctx, nproc)
         ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None, _on_main_thread(), links)
                 for r in range(nproc)]
         procs = [ctx.Process(target=_worker, daemon=True,
-                             args=(r, nproc, port, threads, timeout, fn, args, results, ties[r]))
+                             args=(r, nproc, port, threads, timeout, fn, args, results.sender(r), ties[r]))
                  for r in range(nproc)]
         forwarder = rank_io.StderrForwarder(paths)
         try:
             with _children_ignore_sigint():
                 for p in procs:
                     p.start()
+            results.started()
             return collect(procs, results, nproc, timeout, watchdog=dog, tails=forwarder.tail, store=store)
         finally:
             stop_all(procs)
+            results.close()
             forwarder.close()
             del store
 

@@ -18,7 +18,7 @@ import traceback
 
 import torch.distributed as dist
 
-from . import launch
+from . import launch, rank_ipc
 
 
 def _serve(rank, nproc, port, threads, timeout_s, tasks, results, ties=None) -> None:
@@ -53,17 +53,18 @@ class RankPool:
     def _start(self) -> None:
         ctx = mp.get_context("spawn")
         self._store, port = launch.host_store(self.nproc)
-        self._results = ctx.Queue()
-        self._tasks = [ctx.Queue() for _ in range(self.nproc)]
-        links = ctx.Array("d", self.nproc)
+        self._results = rank_ipc.Results(ctx, self.nproc)      # nothing a SIGKILL would leak
+        self._tasks = [rank_ipc.Inbox(ctx) for _ in range(self.nproc)]
+        links = rank_ipc.LockedArray(ctx, self.nproc)
         self._procs = [ctx.Process(target=_serve, daemon=True,
                                    args=(r, self.nproc, port, self.threads, self.timeout,
-                                         self._tasks[r], self._results,
+                                         self._tasks[r], self._results.sender(r),
                                          launch._Ties(os.getpid(), parent_thread_lasts=launch._on_main_thread(),
                                                       links=links)))
                        for r in range(self.nproc)]
         for p in self._procs:
             p.start()
+        self._results.started()
         try:
             launch.collect(self._procs, self._results, self.nproc, self.timeout)
         except BaseException:
@@ -105,6 +106,9 @@ class RankPool:
             except Exception:
                 pass
         launch.stop_all(self._procs)
+        for c in [getattr(self, "_results", None), *getattr(self, "_tasks", [])]:
+            if c is not None:
+                c.close()
         self._procs = []
 
     def __enter__(self) -> "RankPool":

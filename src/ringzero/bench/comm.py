@@ -32,7 +32,9 @@ from ..comm import cost, registry
 from ..comm.ops import SUPPORTED_DTYPES
 from ..plan import links
 from ..plan.comm_volume import bus_factor, call_for
-from ..plan.units import NEGATIVE_VALUE, parse_size
+from ..plan.units import parse_size
+from ..train.config import TrainConfig
+from . import comm_memory
 from .comm_ranks import Job, element_count, rank_main
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))
@@ -133,8 +135,12 @@ def build_job(args) -> Job:
         raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     if args.dtype not in _DTYPES:
         raise ValueError(f"unsupported --dtype {args.dtype!r}; allowed: {', '.join(_DTYPES)}")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.ranks_per_node is not None and args.ranks_per_node < 1:
         raise ValueError(f"--ranks-per-node must be >= 1, got {args.ranks_per_node}")
+    # `ringzero train`'s own rule for nodes (equal ones; a partial node is measured with --worlds)
+    TrainConfig(ranks_per_node=args.ranks_per_node).placement(args.nproc)
     sizes = parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES
     if args.calibrate:
         cost.check_sizes(sizes)
@@ -164,9 +170,6 @@ def build_job(args) -> Job:
 
 
 def add_arguments(parser) -> None:
-    # argparse reads "--sizes -4KiB" as a flag missing its value; let a negative size reach its check.
-    if hasattr(parser, "_negative_number_matcher"):
-        parser._negative_number_matcher = NEGATIVE_VALUE
     a = parser.add_argument
     a("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
     a("--collective", action="append", help="collective(s), repeatable or comma list (default: all)")
@@ -185,11 +188,14 @@ def add_arguments(parser) -> None:
            "and the α-β prediction of the emulated time")
     a("--compare", action="store_true", help="add the backend's own collective as algorithm 'torch'")
     a("--json", action="store_true", help="print machine-readable JSON instead of a table")
-    a("--plot", metavar="FILE.png", help="write busbw vs size to this PNG")
+    a("--plot", metavar="FILE.png", help="write busbw vs size to this figure (.png, .svg, .pdf: any format "
+                                         "matplotlib writes)")
     a("--calibrate", action="store_true", help="fit α, β, γ to the measurements and save them")
     a("--out", help="calibration file to write (default: RINGZERO_CALIBRATION or "
                     "~/.cache/ringzero/calibration.json)")
     a("--timeout", type=float, default=3600.0, help="seconds before the run is stopped (default 3600)")
+    a("--force", action="store_true",
+      help="start even if the buffers of --sizes on --nproc ranks do not fit in this machine's memory")
 
 
 def bandwidths(row: dict) -> tuple[float, float]:
@@ -225,9 +231,11 @@ def run(args) -> int:
         job = build_job(args)
         if args.out is not None and not args.calibrate:
             raise ValueError("--out names the calibration file: it needs --calibrate")
-        for flag, path in (("--plot", args.plot), ("--out", args.out)):
-            if path:
-                outputs.check(path, flag)
+        if args.plot:
+            outputs.plot_format(args.plot, "--plot")
+        if args.out:
+            outputs.check(args.out, "--out")
+        comm_memory.check(job.sizes, args.nproc, force=args.force)      # last, as `train` checks its footprint
     rows = measure(job, args.nproc, args.timeout)
     cal = path = None
     if args.calibrate:

@@ -107,6 +107,7 @@ def plot(rows: list[dict], path: str) -> None:
     for ax in list(axes.flat)[len(collectives):]:
         ax.axis("off")
     fig.tight_layout()
-    from ..outputs import write_with
-    write_with(path, lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+    from ..outputs import plot_format, write_with
+    fmt = plot_format(path, "--plot")
+    write_with(path, lambda f: fig.savefig(f, format=fmt, dpi=110), binary=True)
     plt.close(fig)

@@ -34,7 +34,7 @@ def add_arguments(parser) -> None:
     a("--straggler", type=float, default=2.0, help="worker 1's compute factor (default 2)")
     a("--staleness", default="1,4,16", help="SSP bounds to run, a comma list (default 1,4,16)")
     a("--target", type=float, default=None, help="validation loss to reach (default: DP's final + 2 %%)")
-    a("--plot", default=None, help="draw validation loss against time into this PNG")
+    a("--plot", default=None, help="draw validation loss against time into this figure (.png, .svg, .pdf, ...)")
     a("--json", default=None, help="write the rows here")
 
 
@@ -62,9 +62,10 @@ def check(args) -> list[tuple[str, TrainConfig]]:
         cfg = TrainConfig(**BASE, steps=args.steps, eval_every=args.eval_every, straggler=(1, args.straggler), **kw)
         check_world(cfg, args.nproc + cfg.servers)
         runs.append((name, cfg))
-    for path, flag in ((args.plot, "--plot"), (args.json, "--json")):
-        if path:
-            outputs.check(path, flag)
+    if args.plot:
+        outputs.plot_format(args.plot, "--plot")
+    if args.json:
+        outputs.check(args.json, "--json")
     return runs
 
 
@@ -127,7 +128,8 @@ def plot(rows: list[dict], path: str, target: float) -> None:
     ax.set(xlabel="wall-clock seconds (worker 0)", ylabel="validation loss",
            title="all-reduce DP and a parameter server, one worker slowed")
     ax.legend()
-    outputs.write_with(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
+    fmt = outputs.plot_format(path, "--plot")
+    outputs.write_with(path, lambda f: fig.savefig(f, format=fmt, dpi=120), binary=True)
     plt.close(fig)
 
 

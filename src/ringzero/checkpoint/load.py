@@ -16,26 +16,9 @@ import os
 
 import torch
 
-from .manifest import MANIFEST, CheckpointError, Manifest, Piece, read
-from .save import complete
+from .manifest import CheckpointError, Manifest, Piece, read
 from .slices import assemble, piece_of
 from .state import Local
-
-
-def resolve(path: str) -> str:
-    """The checkpoint directory `path` names: itself when it holds a manifest, else the newest
-    complete checkpoint under it (a save that died after its rename but before `latest` was
-    replaced still counts: `latest` is for people and tools). CheckpointError when there is none."""
-    if os.path.isfile(path):
-        raise CheckpointError(f"checkpoint {path!r} is a file; give a checkpoint folder or a --save-dir")
-    if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint {path!r} does not exist")
-    if os.path.isfile(os.path.join(path, MANIFEST)):
-        return path
-    found = complete(path)
-    if not found:
-        raise CheckpointError(f"{path!r} holds no complete checkpoint (no step-NNNNNNNN/ with a manifest)")
-    return os.path.join(path, found[-1])
 
 
 class Reader:
@@ -50,7 +33,9 @@ class Reader:
 
     def _open(self, name: str):
         from safetensors import safe_open
-        path = os.path.join(self.directory, name)
+
+        from .verify import regular_file
+        path = regular_file(self.directory, name)
         try:
             return safe_open(path, framework="pt")
         except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file

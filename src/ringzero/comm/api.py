@@ -1,9 +1,13 @@
 """The public collectives: `torch.distributed` signatures plus `algorithm=`.
 
-Each function validates its arguments (one clear error naming the problem), optionally runs the
+Each function validates its arguments (one clear error naming the problem; a tensor on the `meta`
+device, which has a shape but no data, is refused rather than "reduced" to nothing), optionally runs the
 metadata handshake (`check.verify`), turns its tensors into flat 1-D work buffers, runs the chosen
 algorithm over `TorchComm`, and copies results back where the caller's tensors are not the buffers
 themselves (non-contiguous tensors, lists). `algorithm="torch"` calls the backend's collective.
+As in torch.distributed, a collective works on the tensors' data outside autograd (`torch.no_grad`):
+a leaf that requires grad (a parameter) is reduced in place like any other tensor, and the results
+record no graph.
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ def _copy_back(t: torch.Tensor, flat: torch.Tensor) -> None:
         t.copy_(flat.view(t.shape))
 
 
-def _prepare(collective, algorithm, group, describe):
+def _prepare(collective, algorithm, group, describe, tensors=()):
     """Validate the call, run the handshake when checks are on, and choose the algorithm.
 
     `describe(n, rank)` reads the arguments, raises ValueError/TypeError on a bad combination, and
     returns the `check.Call` fields that are not common to every collective (dtype, count, op, ...;
     `priced` is the whole buffer `select.choose` prices, in the convention of
-    `plan.comm_volume.call_for`). Returns (group size, rank, call, algorithm to run), or None if
+    `plan.comm_volume.call_for`); `tensors` (tensors and lists of them, None allowed) are the
+    call's, checked for data. Returns (group size, rank, call, algorithm to run), or None if
     this rank is not in the group. With checks on, a rank whose arguments fail still joins the
     handshake, so every rank raises its error instead of waiting for it.
     """
@@ -50,13 +55,13 @@ def _prepare(collective, algorithm, group, describe):
     n, rank = dist.get_world_size(group), dist.get_rank(group)
     cfg = get_config()
     if not cfg.checks or n == 1:
-        call = _call(collective, algorithm, n, rank, describe)
+        call = _call(collective, algorithm, n, rank, describe, tensors)
         note_algorithm(chosen := _choose(call, n))
         return n, rank, call, chosen
     seq = check.next_call(group)  # before the arguments are read: a call left on an exception counts
     call = chosen = error = None
     try:
-        call = _call(collective, algorithm, n, rank, describe)
+        call = _call(collective, algorithm, n, rank, describe, tensors)
         chosen = _choose(call, n)
     except (ValueError, TypeError) as exc:
         error = exc
@@ -66,15 +71,27 @@ def _prepare(collective, algorithm, group, describe):
     return n, rank, call, chosen
 
 
-def _call(collective, algorithm, n, rank, describe) -> check.Call:
-    """`describe`'s fields, and the checks every collective shares (name, dtype and op, root)."""
+def _call(collective, algorithm, n, rank, describe, tensors=()) -> check.Call:
+    """`describe`'s fields, and the checks every collective shares (name, tensors with data, dtype
+    and op, root)."""
     registry.check_name(collective, algorithm)
+    _check_devices(collective, tensors)
     fields = describe(n, rank)
     check_dtype(fields["dtype"], fields.get("op"), collective)
     root = fields.get("root")
     if root is not None and not 0 <= root < n:
         raise ValueError(f"{collective}: root {root} is not a rank of this group (size {n})")
     return check.Call(collective=collective, algorithm=algorithm, **fields)
+
+
+def _check_devices(collective, tensors) -> None:
+    """A meta tensor has a shape and no storage: torch.distributed returns at once without moving
+    anything, which hides the mistake; refuse it, naming the device."""
+    for t in tensors:
+        for x in t if isinstance(t, (list, tuple)) else (t,):
+            if isinstance(x, torch.Tensor) and x.device.type == "meta":
+                raise ValueError(f"{collective}: a tensor is on device 'meta', which holds no data to "
+                                 f"communicate; allowed: a tensor with data (cpu, or cuda under NCCL)")
 
 
 def _choose(call: check.Call, n: int) -> str:
@@ -102,9 +119,10 @@ def _avg(t: torch.Tensor, op: Op, n: int) -> None:
 
 
 @recorded("all_reduce")
+@torch.no_grad()
 def all_reduce(tensor, op=SUM, group=None, algorithm="auto"):
     prep = _prepare("all_reduce", algorithm, group, lambda n, rank: dict(
-        dtype=tensor.dtype, count=tensor.numel(), op=parse_op(op)))
+        dtype=tensor.dtype, count=tensor.numel(), op=parse_op(op)), (tensor,))
     if prep is None or tensor.numel() == 0:
         return
     n, _, call, algorithm = prep
@@ -119,9 +137,10 @@ def all_reduce(tensor, op=SUM, group=None, algorithm="auto"):
 
 
 @recorded("reduce")
+@torch.no_grad()
 def reduce(tensor, dst, op=SUM, group=None, algorithm="auto"):
     prep = _prepare("reduce", algorithm, group, lambda n, rank: dict(
-        dtype=tensor.dtype, count=tensor.numel(), op=parse_op(op), root=dst))
+        dtype=tensor.dtype, count=tensor.numel(), op=parse_op(op), root=dst), (tensor,))
     if prep is None or tensor.numel() == 0:
         return
     n, rank, call, algorithm = prep
@@ -140,9 +159,10 @@ def reduce(tensor, dst, op=SUM, group=None, algorithm="auto"):
 
 
 @recorded("broadcast")
+@torch.no_grad()
 def broadcast(tensor, src, group=None, algorithm="auto"):
     prep = _prepare("broadcast", algorithm, group, lambda n, rank: dict(
-        dtype=tensor.dtype, count=tensor.numel(), root=src))
+        dtype=tensor.dtype, count=tensor.numel(), root=src), (tensor,))
     if prep is None or tensor.numel() == 0:
         return
     n, _, _, algorithm = prep
@@ -162,6 +182,7 @@ def _gather_like(collective, algorithm, group, out_flat, bounds, *root):
 
 
 @recorded("all_gather_into_tensor")
+@torch.no_grad()
 def all_gather_into_tensor(output, input, group=None, algorithm="auto"):
     def describe(n, rank):
         if output.numel() != n * input.numel() or output.dtype != input.dtype:
@@ -169,7 +190,7 @@ def all_gather_into_tensor(output, input, group=None, algorithm="auto"):
                              f"of {input.dtype}, got {output.numel()} of {output.dtype}")
         return dict(dtype=input.dtype, count=output.numel())
 
-    prep = _prepare("all_gather", algorithm, group, describe)
+    prep = _prepare("all_gather", algorithm, group, describe, (output, input))
     if prep is None or output.numel() == 0:
         return
     n, rank, _, algorithm = prep
@@ -196,13 +217,14 @@ def _list_sizes(collective, role, tensors, n, rank, mine, whose) -> tuple[int, .
 
 
 @recorded("all_gather")
+@torch.no_grad()
 def all_gather(tensor_list, tensor, group=None, algorithm="auto"):
     def describe(n, rank):
         sizes = _list_sizes("all_gather", "tensor_list", tensor_list, n, rank, tensor.numel(), "input")
         _torch_needs_equal("all_gather", algorithm, sizes, "ring, recursive_doubling and naive")
         return dict(dtype=tensor.dtype, count=sum(sizes), sizes=sizes)
 
-    prep = _prepare("all_gather", algorithm, group, describe)
+    prep = _prepare("all_gather", algorithm, group, describe, (tensor_list, tensor))
     if prep is None:
         return
     _, rank, call, algorithm = prep

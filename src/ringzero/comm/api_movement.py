@@ -23,6 +23,7 @@ def _cat(tensors, dtype, device) -> torch.Tensor:
 
 
 @recorded("reduce_scatter_tensor")
+@torch.no_grad()
 def reduce_scatter_tensor(output, input, op=SUM, group=None, algorithm="auto"):
     def describe(n, rank):
         if input.numel() != n * output.numel() or output.dtype != input.dtype:
@@ -30,7 +31,7 @@ def reduce_scatter_tensor(output, input, op=SUM, group=None, algorithm="auto"):
                              f"of {output.dtype}, got {input.numel()} of {input.dtype}")
         return dict(dtype=input.dtype, count=input.numel(), op=parse_op(op))
 
-    prep = _prepare("reduce_scatter", algorithm, group, describe)
+    prep = _prepare("reduce_scatter", algorithm, group, describe, (output, input))
     if prep is None or input.numel() == 0:
         return
     n, rank, call, algorithm = prep
@@ -45,13 +46,14 @@ def reduce_scatter_tensor(output, input, op=SUM, group=None, algorithm="auto"):
 
 
 @recorded("reduce_scatter")
+@torch.no_grad()
 def reduce_scatter(output, input_list, op=SUM, group=None, algorithm="auto"):
     def describe(n, rank):
         sizes = _list_sizes("reduce_scatter", "input_list", input_list, n, rank, output.numel(), "output")
         _torch_needs_equal("reduce_scatter", algorithm, sizes, "ring, recursive_halving and naive")
         return dict(dtype=output.dtype, count=sum(sizes), op=parse_op(op), sizes=sizes)
 
-    prep = _prepare("reduce_scatter", algorithm, group, describe)
+    prep = _prepare("reduce_scatter", algorithm, group, describe, (output, input_list))
     if prep is None or not sum(prep[2].sizes):
         return
     n, rank, call, algorithm = prep
@@ -87,7 +89,7 @@ def _rooted_call(collective, role, tensor, lst, root, group, algorithm, torch_fn
     """What gather and scatter share: the checks, and the backend's own call for "torch". Returns
     (n, rank, algorithm) when one of ringzero's algorithms is to run, None when nothing is left."""
     prep = _prepare(collective, algorithm, group,
-                    lambda n, rank: _rooted(collective, role, tensor, lst, root, n, rank))
+                    lambda n, rank: _rooted(collective, role, tensor, lst, root, n, rank), (tensor, lst))
     if prep is None or tensor.numel() == 0:
         return None
     n, rank, _, algorithm = prep
@@ -99,6 +101,7 @@ def _rooted_call(collective, role, tensor, lst, root, group, algorithm, torch_fn
 
 
 @recorded("gather")
+@torch.no_grad()
 def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
     prep = _rooted_call("gather", "gather_list", tensor, gather_list, dst, group, algorithm, dist.gather, "dst")
     if prep is None:
@@ -114,6 +117,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
 
 
 @recorded("scatter")
+@torch.no_grad()
 def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
     prep = _rooted_call("scatter", "scatter_list", tensor, scatter_list, src, group, algorithm, dist.scatter, "src")
     if prep is None:
@@ -129,6 +133,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
 
 
 @recorded("all_to_all")
+@torch.no_grad()
 def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="auto"):
     def describe(n, rank):
         if not input_tensor_list or len(input_tensor_list) != len(output_tensor_list):
@@ -143,7 +148,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
         # rank a different local size; so it prices the rank-independent count 0 (latency only).
         return dict(dtype=input_tensor_list[0].dtype, count=0, send=send, recv=recv, priced=0)
 
-    prep = _prepare("all_to_all", algorithm, group, describe)
+    prep = _prepare("all_to_all", algorithm, group, describe, (output_tensor_list, input_tensor_list))
     if prep is None:
         return
     _, _, call, algorithm = prep

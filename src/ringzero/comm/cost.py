@@ -46,6 +46,7 @@ import numpy as np
 
 from ..plan.comm_volume import Volume, call_for, volume
 from ..plan.network import FEATURES, RANK_FEATURES, AlphaBetaGamma, features, rank_features, slowest_rank
+from .calibration_guard import WorseThanDefaults, check_better  # noqa: F401  (part of this module's API)
 from .config import get_config
 from .nnls import nnls
 from .ring_overlap import COLUMNS, OVERLAP, overlap_credit, overlapped  # noqa: F401  (part of this module's API)
@@ -74,7 +75,8 @@ class Calibration:
     per_algorithm: dict[str, AlphaBetaGamma] = field(default_factory=dict)
     """"collective/algorithm" -> that algorithm's own coefficients."""
     error: dict = field(default_factory=dict)
-    """Relative fit errors: {"median", "max", "rows", "shared": {"median", "max"}}."""
+    """Relative fit errors: {"median", "max", "rows", "shared": {"median", "max"}, "defaults":
+    {"median", "max"}} (the last: `AlphaBetaGamma()`'s on the same rows)."""
     meta: dict = field(default_factory=dict)
     """Where and when it was measured."""
     overlap: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -125,15 +127,17 @@ def load(path: str | os.PathLike | None = None) -> Calibration | None:
         return None
     try:
         return Calibration.from_json(json.loads(p.read_text()))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:      # RecursionError: nested too deeply
         raise ValueError(f"calibration file {p} is not valid ({exc}); re-run "
                          f"`ringzero bench comm --calibrate` or delete it") from None
 
 
 def save(cal: Calibration, path: str | os.PathLike | None = None) -> Path:
     """Write `cal` as JSON (atomically: readers never see half a file); return the path. The
-    default location's folder is created; a given path's folder must exist (`outputs.check`)."""
+    default location's folder is created; a given path's folder must exist (`outputs.check`).
+    A fit worse than the defaults is refused, nothing written (`check_better`)."""
     from ..outputs import write_text
+    check_better(cal)
     p = calibration_path(path)
     if path is None:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -293,7 +297,10 @@ def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None) 
     cal = Calibration(model=shared[0], per_algorithm={k: m for k, (m, _) in own.items()}, overlap=overlap)
     errs = relative_errors(rows, cal.model_for, vols, cal.overlap_for)
     shared_errs = relative_errors(rows, lambda c, a: shared[0], vols, lambda c, a: shared[1])
-    error = {**_summary(errs), "rows": len(rows), "shared": _summary(shared_errs)}
+    defaults = AlphaBetaGamma()
+    default_errs = relative_errors(rows, lambda c, a: defaults, vols)      # what "auto" prices without a file
+    error = {**_summary(errs), "rows": len(rows), "shared": _summary(shared_errs),
+             "defaults": _summary(default_errs)}
     info = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(), "cpus": os.cpu_count(), **(meta or {})}
     return dataclasses.replace(cal, error=error, meta=info)

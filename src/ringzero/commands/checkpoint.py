@@ -1,6 +1,7 @@
 """`ringzero checkpoint`: look into a checkpoint, or make one full-model file of it.
 
     ringzero checkpoint inspect ckpt/                      # its latest: step, layout, sizes, tensors
+    ringzero checkpoint inspect ckpt/ --verify             # and every shard read and checked
     ringzero checkpoint consolidate ckpt/step-00000200 --out model.safetensors [--with-optimizer]
 
 A checkpoint is a folder written by `ringzero train --save-dir` (or a --save-dir itself: its
@@ -11,7 +12,6 @@ line, exit code 2, and no output file.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i = sub.add_parser("inspect", help="step, layout, sizes and a table of the tensors")
     i.add_argument("path", help="a checkpoint folder, or a --save-dir (its latest)")
     i.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    i.add_argument("--verify", action="store_true",
+                   help="read every shard: a regular file of the folder, its size, CRC-32, run id, each piece's "
+                        "dtype and size, every weight and optimizer state finite")
     c = sub.add_parser("consolidate", help="write one full-model safetensors file, tensor by tensor")
     c.add_argument("path", help="a checkpoint folder, or a --save-dir (its latest)")
     c.add_argument("--out", required=True, metavar="FILE.safetensors")
@@ -34,21 +37,17 @@ def _sizes(m) -> tuple[int, int]:
     return sum(v for n, v in per.items() if n.startswith("param/")), sum(per.values())
 
 
-def inspect(path: str, as_json: bool) -> None:
+def inspect(directory: str, m, as_json: bool, verified=None) -> None:
     from rich.console import Console
     from rich.table import Table
-
-    from ..checkpoint.load import resolve
-    from ..checkpoint.manifest import read
-    directory = resolve(path)
-    m = read(directory)
     if as_json:
         print(m.to_json())
         return
     c = Console()
     lay = m.layout
     weights, total = _sizes(m)
-    c.print(f"{directory}: step {m.step}, optimizer step {m.optimizer_step}")
+    c.print(f"{directory}: step {m.step}, optimizer step {m.optimizer_step}, run {m.run or '(none: format 1)'}"
+            + (f", lineage of {len(m.lineage)} run{'s' if len(m.lineage) > 1 else ''}" if m.lineage else ""))
     c.print("layout: " + ", ".join(f"{k} {v}" for k, v in lay.items()))
     c.print(f"files: {len(m.files())}; weights {weights / 2**20:.2f} MiB, all tensors {total / 2**20:.2f} MiB")
     t = Table(title="tensors (global shapes)")
@@ -57,45 +56,32 @@ def inspect(path: str, as_json: bool) -> None:
     for name, e in m.tensors.items():
         t.add_row(name, "x".join(map(str, e.shape)), e.dtype, str(len(e.pieces)))
     c.print(t)
-
-
-def check_files(directory: str, m) -> None:
-    """CheckpointError unless every file the manifest `m` lists is in `directory`, reads as
-    safetensors and holds the tensors it names (headers only: nothing is loaded)."""
-    from safetensors import safe_open
-
-    from ..checkpoint.manifest import CheckpointError
-    keys: dict[str, set[str]] = {name: set() for name in m.files()}
-    for e in m.tensors.values():
-        for p in e.pieces:
-            keys[p.file].add(p.key)
-    for name, wanted in keys.items():
-        path = os.path.join(directory, name)
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{directory} is not a complete checkpoint: its manifest lists {name}, "
-                                  "which is missing")
-        try:
-            with safe_open(path, framework="pt") as f:
-                missing = sorted(wanted - set(f.keys()))
-        except Exception as exc:  # noqa: BLE001 - OSError, or safetensors' own error for a bad file
-            raise CheckpointError(f"cannot read {path}: {exc}") from None
-        if missing:
-            raise CheckpointError(f"{path} has no tensor {missing[0]!r} that the manifest lists")
+    if verified is None:
+        c.print("read the manifest only; --verify reads every shard and checks it against the manifest")
+    else:
+        c.print(f"verified: {verified.files} files, {verified.bytes / 2**20:.2f} MiB, "
+                + ("CRC-32 of each as the manifest's, " if verified.summed else "no CRC-32s in a format-1 manifest, ")
+                + f"every piece's dtype and size as its header's, {verified.tensors} tensors finite")
 
 
 def run(args: argparse.Namespace) -> int:
     from .. import outputs
     from ..errors import UsageError, usage
+    verified = None
     with usage():
-        from ..checkpoint.load import resolve
+        from ..checkpoint.folders import resolve
         from ..checkpoint.manifest import CheckpointError, read
+        from ..checkpoint.verify import verify
         directory = resolve(args.path)
         m = read(directory)
         if args.action == "consolidate":
-            check_files(directory, m)
             out = outputs.check(args.out, "--out")
+            outputs.not_an_input(args.out, "--out", {"the checkpoint": directory})
+            verify(directory, m, deep=True)
+        elif args.verify:
+            verified = verify(directory, m, deep=True)
     if args.action == "inspect":
-        inspect(args.path, args.json)
+        inspect(directory, m, args.json, verified)
         return 0
     from ..checkpoint.consolidate import consolidate
     count = []

@@ -18,15 +18,16 @@ import json
 import re
 
 from ..errors import usage
-from ..plan import config
+from ..plan import config, limits
 from ..plan.config import Parallel, Training
 from ..plan.estimate import check, estimate, to_dict
 from ..plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
-from ..plan.presets import MODELS, TRAINED_TOKENS, model, recipe
+from ..plan.presets import MODELS, TRAINED_TOKENS, model
 from ..plan.ps_plan import ps_plan
 from ..plan.recommend import recommend
 from ..plan.search import search
 from ..plan.shapes import NORMS, POSITIONS, ModelShape
+from ..plan.param_server import check_servers
 from ..plan.units import NEGATIVE_VALUE, parse_bytes, parse_count  # noqa: F401  (parse_* are this module's API)
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "vocab", "seq", "ffn", "gated", "bias", "tied",
@@ -128,7 +129,7 @@ def build_training(args) -> Training:
         tokens = TRAINED_TOKENS.get(model(args.model).name)
     dropout = args.dropout
     if dropout is None:
-        dropout = recipe(args.model).dropout if args.model is not None else True
+        dropout = config.default_dropout(args.model or "custom")     # the one default, as Training's
     return Training(micro_batch=args.micro_batch, global_batch=args.global_batch, tokens=tokens,
                     precision=args.precision, optimizer=args.optimizer, dropout=dropout)
 
@@ -246,6 +247,10 @@ def _check_servers(servers: int, par: Parallel) -> None:
     if par.tp != 1 or par.pp != 1 or par.zero != 0 or par.offload != "none":
         raise ValueError(f"--servers plans plain data parallelism: it needs --tp 1 --pp 1 --zero 0 and no "
                          f"--offload, got --tp {par.tp} --pp {par.pp} --zero {par.zero} --offload {par.offload}")
+    try:
+        check_servers(servers, par.dp, " (the dp ranks)")        # the rule `ringzero train` applies
+    except ValueError as exc:
+        raise ValueError(f"--{exc}") from None                 # servers=4 -> --servers=4, as the other flags
 
 
 def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
@@ -261,6 +266,7 @@ def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
         raise as_flag(exc) from None
     if args.servers is not None:
         _check_servers(args.servers, par)
+    limits.check(m.layers, par.gpus, tr.accumulation(par.dp) if par.pp > 1 else None, flags=True)
     n, k = par.gpus, hw.gpus_per_node
     if not whole_nodes(n, k):
         raise ValueError(f"--gpus {n} does not fill whole nodes of --gpus-per-node {k}; allowed: a multiple "

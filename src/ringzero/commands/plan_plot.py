@@ -1,8 +1,8 @@
-"""`ringzero plan --plot FILE.png`: memory per GPU as stacked bars for DP, ZeRO-1, ZeRO-2, ZeRO-3.
+"""`ringzero plan --plot FILE.png` (or .svg, .pdf: any format matplotlib writes): memory per GPU as stacked bars for DP, ZeRO-1, ZeRO-2, ZeRO-3.
 
 The numbers are `ringzero.plan.compare.memory_by_stage` (every other setting as planned); the
 dashed line is the GPU's HBM. The path is checked before the plan is computed (`outputs.check`)
-and the PNG written atomically (`outputs.write_with`): a failed run leaves no file behind.
+and the figure written atomically (`outputs.write_with`): a failed run leaves no file behind.
 """
 
 from __future__ import annotations
@@ -16,10 +16,8 @@ GB = 1e9
 
 
 def check_path(path: str) -> None:
-    """Fail early (before any work) when `path` cannot be written as a PNG."""
-    if not path.lower().endswith(".png"):
-        raise ValueError(f"--plot {path!r} must name a .png file")
-    outputs.check(path, "--plot")
+    """Fail early (before any work) when `path` cannot be written, or not as a figure."""
+    outputs.plot_format(path, "--plot")
 
 
 def plot(e: Estimate, path: str) -> None:
@@ -44,6 +42,7 @@ def plot(e: Estimate, path: str) -> None:
     ax.legend(fontsize="small")
     fig.tight_layout()
     try:
-        outputs.write_with(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
+        fmt = outputs.plot_format(path, "--plot")
+        outputs.write_with(path, lambda f: fig.savefig(f, format=fmt, dpi=120), binary=True)
     finally:
         plt.close(fig)

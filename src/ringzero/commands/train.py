@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import sys
 
@@ -29,6 +28,7 @@ from ..train.config import STRATEGIES, TrainConfig, choices
 from ..train.deepspeed import from_deepspeed
 from ..watchdog import WatchdogPolicy
 from . import train_args, train_log, train_restarts
+from .train_layout import auto_layout, layout_why
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
@@ -72,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-cost", metavar="FWD_MS,BWD_MS", default=None,
                    help="synthetic pipeline costs: each stage's forward and backward of a micro-batch last at "
                         "least this long (a sleep), so the schedule, not shared cores, sets the timing")
-    p.add_argument("--pipeline-plot", metavar="FILE.png", help="draw the measured pipeline schedule here")
+    p.add_argument("--pipeline-plot", metavar="FILE.png",
+                   help="draw the measured pipeline schedule here (.png, .svg, .pdf: any format matplotlib writes)")
     p.add_argument("--zeropp", metavar="qwz,hpz,qgz", default=None,
                    help="ZeRO++ on ZeRO-3: quantized weights (qwz), a node-local secondary weight partition "
                         "(hpz), quantized hierarchical gradients (qgz); any comma list")
@@ -82,11 +83,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--straggler", metavar="RANK:FACTOR", default=None,
                    help="slow this worker's compute by FACTOR >= 1 (a sleep of the difference: no CPU)")
     p.add_argument("--inject-nonfinite", metavar="RANK:STEP", default=None,
-                   help="put an inf into that rank's gradient at that step (a fault, to see it handled)")
+                   help="put an inf into that rank's gradient at that step (a fault, to see it handled); "
+                        "steps count from 0: step S is the one shown as S+1/N")
     p.add_argument("--inject-kill", metavar="RANK:STEP", default=None,
                    help="that rank kills itself (SIGKILL) as that step begins, once (to see --max-restarts work)")
     p.add_argument("--async-save", action="store_true", default=None,
                    help="write checkpoints on a background thread (the step waits only for the copy)")
+    p.add_argument("--overwrite", action="store_true", default=None,
+                   help="start in a --save-dir that holds another run's checkpoints, retiring those at or after "
+                        "this run's saves (without it such a run is refused)")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR",
                    help="continue from a checkpoint (its folder, or a --save-dir: its latest; without DIR: "
                         "--save-dir's), in any layout")
@@ -101,31 +106,6 @@ def config_from(args: argparse.Namespace, world: int) -> TrainConfig:
     if getattr(args, "layout", None) == "auto":
         cfg = auto_layout(cfg, world, fields)
     return cfg
-
-
-def auto_layout(cfg: TrainConfig, world: int, given: dict) -> TrainConfig:
-    """`cfg` on the layout `plan.recommend.engine_layout` picks for its model on `world` ranks, with
-    the global batch it would have under data parallelism alone (micro-batch x accumulation x world);
-    a strategy given explicitly is kept."""
-    from ..plan.config import Training
-    from ..plan.hardware import hardware
-    from ..plan.recommend import ENGINE_SPACE, engine_layout
-    from ..plan.sharding import strategy as sharding_strategy
-    from .plan import DEFAULT_GPU
-    for flag in ("tp", "dp", "pp", "schedule", "virtual_stages"):
-        if flag in given:
-            raise ValueError(f"--layout auto chooses --{flag.replace('_', '-')} itself; give one or the other")
-    space = ENGINE_SPACE
-    if "strategy" in given:
-        space = dataclasses.replace(space, zero=(sharding_strategy(cfg.strategy).zero,))
-    batch = cfg.micro_batch * cfg.grad_accum * world
-    tr = Training(micro_batch=cfg.micro_batch, global_batch=batch, precision=cfg.precision, optimizer="adam",
-                  dropout=cfg.dropout > 0)
-    par = engine_layout(cfg.shape, tr, world, hardware(DEFAULT_GPU), space=space)
-    strategy = cfg.strategy if "strategy" in given else ("dp", "zero1", "zero2", "zero3")[par.zero]
-    return dataclasses.replace(cfg, tp=par.tp, dp=par.dp, pp=par.pp, schedule=par.schedule,
-                               virtual_stages=par.virtual_stages, strategy=strategy,
-                               grad_accum=tr.accumulation(par.dp), sequence_parallel=par.sequence_parallel)
 
 
 def _world(args: argparse.Namespace, torchrun: bool) -> int:
@@ -171,25 +151,29 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     if torchrun and cfg.max_restarts:
         raise ValueError("--max-restarts restarts local ranks; under torchrun use torchrun's own --max-restarts "
                          "(with --save-dir, each restart resumes from the newest checkpoint)")
-    for flag, inj in (("--inject-nonfinite", cfg.inject_nonfinite), ("--inject-kill", cfg.inject_kill)):
-        if inj is not None and inj[0] >= world:
-            raise ValueError(f"{flag} rank {inj[0]} is not one of the {world} ranks")
+    train_args.check_injections(cfg, world)       # a rank that steps, a step the run takes
     zero_options.zeropp(cfg, world)                # ZeRO++'s blocks against the dp ranks
     if cfg.strategy == "single" and world != 1:
         raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
                          f"{', '.join(s for s in STRATEGIES if s != 'single')}")
+    inputs = {"--data": cfg.data, "--config": args.config, "--init-from": cfg.init_from, "--resume": cfg.resume,
+              "--nvme-path": cfg.nvme_path, "--save-dir": cfg.save_dir}
     if args.json_report:
         outputs.check(args.json_report, "--json-report")
+        outputs.not_an_input(args.json_report, "--json-report", inputs)
     if getattr(args, "pipeline_plot", None):
         if cfg.pp == 1:
             raise ValueError("--pipeline-plot draws a pipeline's schedule: it needs --pp > 1")
-        outputs.check(args.pipeline_plot, "--pipeline-plot")
+        outputs.plot_format(args.pipeline_plot, "--pipeline-plot")
+        outputs.not_an_input(args.pipeline_plot, "--pipeline-plot", {**inputs, "--json-report": args.json_report})
     if not torchrun and cfg.strategy != "ps":
         footprint.check(cfg, world, force=args.force)
         zero_options.check_resources(cfg, world, say=lambda line: None if args.quiet else
                                      print(line, file=sys.stderr, flush=True))
     data.check(len(data.corpus_bytes(cfg.data, cfg.max_bytes)), cfg.shape.seq)   # path and size, checked now
-    checkpoint_options.preflight(cfg)
+    for line in checkpoint_options.preflight(train_restarts.torchrun_attempt(cfg, torchrun), world):
+        if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
+            print(line, file=sys.stderr, flush=True)
     return Job(cfg, world, watch)
 
 
@@ -224,8 +208,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ringzero: layout auto: dp={cfg.placement(world).dp} x tp={cfg.tp} x pp={cfg.pp}, strategy "
               f"{cfg.strategy}" + (f", schedule {cfg.schedule}" + (f" v={cfg.virtual_stages}" if cfg.virtual_stages > 1
                                                                   else "") if cfg.pp > 1 else "")
-              + f", {cfg.grad_accum} micro-batch{'es' if cfg.grad_accum > 1 else ''} of {cfg.micro_batch} per step",
-              flush=True)
+              + f", {cfg.grad_accum} micro-batch{'es' if cfg.grad_accum > 1 else ''} of {cfg.micro_batch} per step"
+              + "\n  " + layout_why(cfg, world, "strategy" in train_args.given(args, FLAGS)), flush=True)
     if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
         print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback) for "
               f"{cfg.steps} steps", file=sys.stderr, flush=True)
@@ -247,11 +231,12 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     if cfg.strategy == "ps":
         from ..train import report_ps
         return report_ps.report(cfg, world, results, path, console)
-    console.print("validation loss: " + ", ".join(f"step {s}: {v:.3f}" for s, v in results[0].val)
-                  + f"   (uniform bytes: ln 256 = {math.log(256):.3f})")
+    console.print(report.validation_line(cfg, results[0].val))
     rows = report.twins(cfg, world, results)
     probes = report.probe_summary(cfg, world, results)
-    report.render(rows, console, probes)
+    report.render(rows, console, probes, report.shown_rank(cfg, results))
+    for line in report.unpriced(cfg, world, os.cpu_count() or 1):
+        console.print(f"not priced: {line}")
     ranks = report_wait.render(cfg, results, console)
     train_log.saves(results, console)
     data = report.to_json(cfg, world, results, rows, probes) if path or plot else None

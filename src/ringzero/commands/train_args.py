@@ -37,9 +37,44 @@ def straggler(text: str) -> tuple[int, float]:
                          "e.g. 1:2") from None
 
 
+def check_injections(cfg, world: int) -> None:
+    """The injected faults (--inject-nonfinite, --inject-kill) against the run, or a one-line
+    ValueError: the rank must be one where the fault happens (an inf goes into a gradient, which a
+    parameter server's servers do not compute; any rank can be killed, a server as its clock
+    reaches the step), and the step one that this run takes. Steps count from 0 as the engine's
+    loop does: step s is the one the progress shows as "step s+1/N", and a kill at step s comes
+    right after the checkpoint of step s. A resumed run takes only the steps from its checkpoint's
+    on (`TrainConfig` itself refuses a step at or beyond --steps)."""
+    from ..train.ps_options import PS, workers
+    faults = [(f, inj) for f, inj in (("--inject-nonfinite", cfg.inject_nonfinite), ("--inject-kill", cfg.inject_kill))
+              if inj is not None]
+    if not faults:
+        return
+    first = _first_step(cfg)
+    for flag, (rank, step) in faults:
+        gradient = flag == "--inject-nonfinite"
+        ranks = workers(cfg, world) if gradient else world
+        if rank >= ranks:
+            whose = " that compute gradients (the servers compute none)" if gradient and cfg.strategy == PS else ""
+            raise ValueError(f"{flag} rank {rank} is not one of the {ranks} ranks{whose}; allowed: 0-{ranks - 1}")
+        if not first <= step < cfg.steps:
+            resumed = f" (it resumes from the checkpoint of step {first})" if first else ""
+            raise ValueError(f"{flag} step {step} is not one this run takes{resumed}; allowed: "
+                             f"{first}-{cfg.steps - 1} (steps count from 0)")
+
+
+def _first_step(cfg) -> int:
+    """The step a run starts at: its checkpoint's with --resume, else 0."""
+    if cfg.resume is None:
+        return 0
+    from ..checkpoint.folders import resolve
+    from ..checkpoint.manifest import read
+    return read(resolve(cfg.resume)).step
+
+
 def given(args: argparse.Namespace, flags: tuple[str, ...]) -> dict:
     """The TrainConfig fields the command line sets: the plain `flags`, and the parsed ones."""
-    out = {k: getattr(args, k) for k in flags + ("sequence_parallel", "async_save") if getattr(args, k, None) is not None}
+    out = {k: getattr(args, k) for k in flags + ("sequence_parallel", "async_save", "overwrite") if getattr(args, k, None) is not None}
     cost = _pipeline_cost(getattr(args, "pipeline_cost", None))
     if cost is not None:
         out["pipeline_cost"] = cost

@@ -28,6 +28,8 @@ class StepCallback:
 
     def __init__(self, cfg: TrainConfig, world: int, show: bool) -> None:
         self.cfg, self.t0 = cfg, time.perf_counter()
+        self.first: int | None = None
+        """The first step this run ran (a resumed run's checkpoint step): tokens/s counts from it."""
         self.tokens = cfg.global_batch(workers(cfg, world)) * cfg.shape.seq   # a ps run's servers take no batch
         self.bar = _Bar(cfg) if show and sys.stdout.isatty() else None
         self.every = log_every(cfg) if show and (self.bar is None or cfg.log_every) else None
@@ -38,7 +40,9 @@ class StepCallback:
             beacon().finished()          # what follows (evaluation, the report) is not a step
         if self.bar is None and self.every is None:
             return
-        rate = self.tokens * (step + 1) / (time.perf_counter() - self.t0)
+        if self.first is None:
+            self.first = step
+        rate = self.tokens * (step + 1 - self.first) / (time.perf_counter() - self.t0)
         val = f"{res.val[-1][1]:.3f}" if res.val and res.val[-1][0] == step + 1 else None
         if self.bar is not None:
             self.bar.update(step, res.losses[-1], val, rate)

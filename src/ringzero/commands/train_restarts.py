@@ -32,13 +32,22 @@ def run(rank_main, cfg: TrainConfig, world: int, args, torchrun: bool, watch) ->
     raise AssertionError("unreachable")
 
 
-def restarted(cfg: TrainConfig, why: str = "restarted by torchrun") -> TrainConfig:
+def torchrun_attempt(cfg: TrainConfig, torchrun: bool) -> TrainConfig:
+    """The config this process runs: `cfg`, or under a restart by torchrun's own --max-restarts
+    (TORCHELASTIC_RESTART_COUNT > 0) `restarted(cfg)`, what its checks must see too (the save_dir
+    then holds the first attempt's checkpoints, which this attempt resumes)."""
+    if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return restarted(cfg, say=False)
+    return cfg
+
+
+def restarted(cfg: TrainConfig, why: str = "restarted by torchrun", say: bool = True) -> TrainConfig:
     """`cfg` for a restart: from the newest complete checkpoint under --save-dir (the start, or
     --resume, if there is none yet), without the injected faults that made it fail."""
-    from ..checkpoint.save import complete
+    from ..checkpoint.folders import complete
     done = complete(cfg.save_dir) if cfg.save_dir is not None else []
     start = os.path.join(cfg.save_dir, done[-1]) if done else cfg.resume
-    if int(os.environ.get("RANK", "0")) == 0:
+    if say and int(os.environ.get("RANK", "0")) == 0:
         print(f"ringzero: {why} from {start or 'the start'}", file=sys.stderr, flush=True)
     return dataclasses.replace(cfg, resume=start, init_from=None if start else cfg.init_from,
                                inject_kill=None, inject_nonfinite=None)

@@ -5,7 +5,8 @@ and fp32 master weights and Adam moments in the optimizer (12 bytes). fp16's nar
 underflows small gradients, so the loss is multiplied by a scale before backward and the gradients
 divided by it before the update; `LossScaler` grows the scale after `window` overflow-free steps and
 halves it (skipping the step on every rank) when any rank sees an inf or NaN, as
-`torch.amp.GradScaler` and DeepSpeed's dynamic loss scaler do.
+`torch.amp.GradScaler` and DeepSpeed's dynamic loss scaler do; as DeepSpeed's, it can wait for
+`hysteresis` overflows before halving, or keep one static scale (`train.precision_options`).
 """
 
 from __future__ import annotations
@@ -32,20 +33,47 @@ class LossScaler:
     backoff: float = 0.5
     window: int = 200
     min_scale: float = 1.0
+    hysteresis: int = 1
+    """Overflows tolerated before the scale backs off (DeepSpeed's delayed shift)."""
+    consecutive_hysteresis: bool = False
+    """Refill the tolerance after every good step (else only when the scale grows)."""
+    dynamic: bool = True
+    """False: a static scale, never changed (overflowing steps are still skipped)."""
     good_steps: int = 0
     skipped: int = 0
+    tolerance: int = 0
+    """Overflows still tolerated before the next back-off (`hysteresis` at the start)."""
+
+    def __post_init__(self) -> None:
+        self.tolerance = self.tolerance or self.hysteresis
+
+    @classmethod
+    def from_config(cls, c) -> "LossScaler":
+        """The scaler of a `train.precision_options.LossScalerConfig`."""
+        return cls(scale=c.initial_scale, window=c.window, min_scale=c.min_scale, hysteresis=c.hysteresis,
+                   consecutive_hysteresis=c.consecutive_hysteresis, dynamic=c.dynamic)
 
     def update(self, overflow: bool) -> None:
-        """After a step: back off on overflow, grow after `window` good steps."""
+        """After a step: back off on overflow (once the tolerance is spent), grow after `window` good
+        steps. An overflow restarts the window, as in DeepSpeed's `DynamicLossScaler.update_scale`."""
         if overflow:
-            self.scale = max(self.min_scale, self.scale * self.backoff)
-            self.good_steps = 0
             self.skipped += 1
+        if not self.dynamic:
             return
+        if overflow:
+            if self.tolerance <= 1:
+                self.scale = max(self.min_scale, self.scale * self.backoff)
+            else:
+                self.tolerance -= 1
+            self.good_steps = 0
+            return
+        if self.consecutive_hysteresis:
+            self.tolerance = self.hysteresis
         self.good_steps += 1
         if self.good_steps >= self.window:
             self.scale *= self.growth
             self.good_steps = 0
+            self.tolerance = self.hysteresis
 
 
 class NoScaler:

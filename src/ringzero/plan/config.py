@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from .algorithms import AUTO, names
 from .pipeline import SCHEDULES
 from .placement import Placement
+from .presets import recipe
+from .shapes import ModelShape
 from .tensor_parallel import REPLAYS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -21,6 +23,20 @@ OPTIMIZERS = ("adam", "sgd-momentum")
 OFFLOADS = ("none", "cpu", "nvme")
 RECOMPUTES = ("none", "selective", "full")
 DP_ALGORITHMS = (AUTO,) + names("all_reduce")
+
+
+CUSTOM_DROPOUT = True
+"""Dropout of a model that is not a preset: on, as GPT-2 and GPT-3 train (and as Korthikanti et al.
+2022 count the activations), so that an unknown recipe is not planned too small."""
+
+
+def default_dropout(name: str) -> bool:
+    """The one default of `Training.dropout`, for the Python API and `ringzero plan` alike: the
+    preset `name`'s recipe (`presets.RECIPES`: none for LLaMA), else CUSTOM_DROPOUT."""
+    try:
+        return recipe(name).dropout
+    except ValueError:                   # not a preset ("custom", or a name of the caller's own)
+        return CUSTOM_DROPOUT
 
 
 def _choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -44,8 +60,10 @@ class Training:
     optimizer moments (Rajbhandari et al. 2020 §3.1: 2 + 2 + 12 bytes per parameter with Adam)."""
     optimizer: str = "adam"
     """"adam" (two fp32 moments) or "sgd-momentum" (one)."""
-    dropout: bool = True
-    """Dropout in attention and after each block (its masks are activations, Korthikanti et al.)."""
+    dropout: bool | None = None
+    """Dropout in attention and after each block (its masks are activations, Korthikanti et al.);
+    None: the model's own training recipe (`default_dropout`), as `ringzero plan` without
+    --dropout/--no-dropout. Read it as `dropout_for(model)`."""
 
     def __post_init__(self) -> None:
         if self.micro_batch < 1:
@@ -56,6 +74,12 @@ class Training:
             raise ValueError(f"tokens must be > 0, got {self.tokens}")
         _choice("precision", self.precision, PRECISIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.dropout is not None and not isinstance(self.dropout, bool):
+            raise ValueError(f"dropout must be true, false or None (the model's recipe), got {self.dropout!r}")
+
+    def dropout_for(self, model: ModelShape) -> bool:
+        """Whether `model` is trained with dropout: the field, or when None the model's recipe."""
+        return self.dropout if self.dropout is not None else default_dropout(model.name)
 
     @property
     def bytes_per_value(self) -> int:

@@ -22,6 +22,8 @@ supported algorithm is written here as its list of messages, step by step, mirro
   group ranks, as the algorithm does; whether a message crosses nodes follows the global ranks.
 - hierarchical_2d all_reduce (Mikami et al. 2018): a ring reduce-scatter inside each block, the
   ring all-reduce of piece i among the blocks' ranks i, a ring all-gather inside each block.
+- the binomial trees, the butterfly, recursive doubling and halving, Rabenseifner and the van de
+  Geijn broadcast's scatter: `plan.links_recursive`.
 
 Pure Python: no torch.
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
+from . import links_recursive
 from .algorithms import ALGORITHMS
 from .chunks import Chunks, n_segments
 from .comm_volume import ROOTED, Call
@@ -139,9 +142,20 @@ def _hierarchical_2d_messages(call: Call, rank: int) -> Iterator[Message]:
     yield from _ring(pieces, node, local, (0,), call.itemsize, call.segment_elems, tag="node_ag")
 
 
+def _scatter_allgather_messages(call: Call, rank: int) -> Iterator[Message]:
+    yield from (Message(*m) for m in links_recursive.binomial_scatter(call, rank))
+    yield from _ring(call.chunks, range(call.n), rank, (-call.root,), call.itemsize, call.segment_elems)
+
+
+def _recursive(name: str) -> Callable[[Call, int], Iterator[Message]]:
+    return lambda call, rank: (Message(*m) for m in links_recursive.SCHEDULES[name](call, rank))
+
+
 _SCHEDULES: dict[str, Callable[[Call, int], Iterator[Message]]] = {
     "ring": _ring_messages, "naive": _naive_messages, "pairwise": _pairwise_messages,
-    "hierarchical": _hierarchical_messages, "hierarchical_2d": _hierarchical_2d_messages}
+    "hierarchical": _hierarchical_messages, "hierarchical_2d": _hierarchical_2d_messages,
+    "scatter_allgather": _scatter_allgather_messages,
+    **{name: _recursive(name) for name in links_recursive.SCHEDULES}}
 """Algorithm -> its messages, for every collective of `plan.algorithms` that has the algorithm."""
 
 

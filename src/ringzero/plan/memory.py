@@ -143,7 +143,7 @@ def memory(m: ModelShape, tr: Training, par: Parallel) -> Memory:
     for stage in memory_candidates(m, par.pp, v):
         params, grads, optimizer, offloaded = model_states(
             stage_params(m, par.tp, stage, par.pp, v), sb, par.dp, par.zero, offload=par.offload)
-        activations = _activations(m, tr.micro_batch, micro, tr.bytes_per_value, tr.dropout, par.pp,
+        activations = _activations(m, tr.micro_batch, micro, tr.bytes_per_value, tr.dropout_for(m), par.pp,
                                    par.schedule, v, par.recompute, par.flash_attention, par.tp,
                                    par.sequence_parallel, stage)
         mem = Memory(params=params, grads=grads, optimizer=optimizer, activations=activations,

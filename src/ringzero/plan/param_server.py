@@ -179,6 +179,16 @@ def wait_seconds(compute_s: Sequence[float]) -> list[float]:
     return [slowest - c for c in compute_s]
 
 
+def check_servers(servers: int, workers: int, workers_are: str = "") -> None:
+    """The rule `ringzero train --strategy ps` and `ringzero plan --servers` share: at least one
+    server, and fewer servers than workers (`workers_are` says where the workers come from, for the
+    error). ValueError naming both otherwise."""
+    _int("servers", servers, 1)
+    if servers >= workers:
+        raise ValueError(f"servers={servers} must be fewer than the {workers} workers{workers_are}; a server "
+                         "per worker or more leaves servers idle")
+
+
 @dataclass(frozen=True)
 class PSConfig:
     """A parameter-server job: `workers` computing, `servers` holding key ranges, and the consistency

@@ -14,10 +14,10 @@ copies stay equal (Megatron-LM's embedding group, Shoeybi et al. 2019; Narayanan
 
 from __future__ import annotations
 
+from fractions import Fraction
 from functools import lru_cache
 
 from .flops import layer_flops_per_token
-from .pipeline import partition
 from .shapes import ModelShape, attention_params, mlp_params, norm_params
 from .tensor_parallel import local_params, padded_vocab
 
@@ -30,7 +30,43 @@ def head_flops_per_token(m: ModelShape) -> float:
 @lru_cache(maxsize=1024)
 def chunk_layers(m: ModelShape, chunks: int) -> tuple[range, ...]:
     """The blocks of each of `chunks` global model chunks, in order."""
-    return tuple(partition([layer_flops_per_token(m)] * m.layers, chunks, last=head_flops_per_token(m)))
+    return tuple(even_partition(m.layers, chunks, layer_flops_per_token(m), head_flops_per_token(m)))
+
+
+def even_partition(layers: int, chunks: int, cost: float, last: float = 0.0) -> list[range]:
+    """`pipeline.partition([cost] * layers, chunks, last=last)`, the same cut in O(log L) steps
+    instead of its O(k·L·log L) (10,000 layers on 10,000 stages: seconds against hours).
+
+    Every block costs the same, so the least busiest cost of j blocks in c head-free chunks is
+    cost·ceil(j/c), and the programme's first least start leaves chunk c-1 exactly ceil(j/c) blocks:
+    the head-free chunks are an even split with the larger ones last. Only the last chunk's size x
+    is searched: the least max(cost·ceil((L-x)/(k-1)), cost·x + last), the largest such x (the
+    programme's first least start). Compared exactly (as fractions) where the floats would tie."""
+    if not 1 <= chunks <= layers:
+        raise ValueError(f"cannot cut {layers} layers into {chunks} chunks of at least one layer")
+    if chunks == 1:
+        return [range(0, layers)]
+    c, h, k = Fraction(cost), Fraction(last), chunks - 1
+
+    def busiest(a: int) -> Fraction:                # the k head-free chunks hold a blocks
+        return max(c * -(-a // k), c * (layers - a) + h)
+
+    # the head-free chunks' cost rises with a and the last chunk's falls: bisect for the first a
+    # where they cross; the best start is there or just before it
+    lo, hi = k, layers - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if c * -(-mid // k) >= c * (layers - mid) + h:
+            hi = mid
+        else:
+            lo = mid + 1
+    a = lo - 1 if lo > k and busiest(lo - 1) <= busiest(lo) else lo
+    q, r = divmod(a, k)
+    sizes = [q] * (k - r) + [q + 1] * r + [layers - a]
+    starts = [0]
+    for n in sizes:
+        starts.append(starts[-1] + n)
+    return [range(starts[i], starts[i + 1]) for i in range(chunks)]
 
 
 def stage_chunks(stage: int, pp: int, virtual_stages: int = 1) -> list[int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from . import limits
 from .config import Parallel, Training
 from .hardware import Hardware
 from .memory import Memory, memory, state_bytes
@@ -81,6 +82,7 @@ def recommend(m: ModelShape, tr: Training, hw: Hardware, gpus: int, *, recompute
     """Walk the module doc's flow for `m` trained as `tr` on `gpus` GPUs of `hw`."""
     if gpus < 1:
         raise ValueError(f"gpus must be >= 1, got {gpus}")
+    limits.check(m.layers, gpus)
     base = dict(recompute=recompute, flash_attention=flash_attention)
     tr = Training(micro_batch=tr.micro_batch, precision=tr.precision, optimizer=tr.optimizer,
                   dropout=tr.dropout)

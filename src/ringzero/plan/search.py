@@ -13,7 +13,8 @@ and for each split every ZeRO stage x offload x recomputation x sequence paralle
 schedule x micro-batch of the `Space`. Combinations that cannot run are skipped silently and not
 counted as evaluated: sequence parallelism with tp = 1, offload with ZeRO-0, a micro-batch x dp that
 does not divide the global batch, the interleaved schedule (with `Space.virtual_stages` chunks per
-rank) when pp·v does not divide the layers or pp does not divide the micro-batches, and any
+rank) when pp·v does not divide the layers or pp does not divide the micro-batches, a pipeline of
+more micro-batches than `limits.MAX_MICRO_BATCHES` (its schedule is played through each), and any
 `Parallel` the caller's `keep` rejects; with pp = 1 only the first schedule other than interleaved
 is tried (they coincide).
 
@@ -38,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import layout_check
+from . import layout_check, limits
 from .config import OFFLOADS, RECOMPUTES, SCHEDULES, Parallel, Training
 from .estimate import Estimate, estimate
 from .hardware import Hardware
@@ -206,8 +207,10 @@ def _configurations(m: ModelShape, tr: Training, hw: Hardware, gpus: int, space:
                             if layout_check.problem(m, par) or (keep is not None and not keep(par)):
                                 continue
                             for t in runs:
+                                micro = t.accumulation(dp)
                                 # the interleaved schedule runs micro-batches in groups of pp
-                                if schedule != "interleaved" or t.accumulation(dp) % pp == 0:
+                                if (schedule != "interleaved" or micro % pp == 0) and \
+                                        (pp == 1 or micro <= limits.MAX_MICRO_BATCHES):
                                     yield t, par
 
 
@@ -250,6 +253,7 @@ def search(model: ModelShape, training: Training, hardware: Hardware, gpus: int,
         raise ValueError(f"gpus must be >= 1, got {gpus}")
     if top < 1:
         raise ValueError(f"top must be >= 1, got {top}")
+    limits.check(model.layers, gpus)
     start = time.perf_counter()
     batch = training.global_batch or gpus * min(space.micro_batches)
     tr = dataclasses.replace(training, global_batch=batch)

@@ -158,7 +158,7 @@ def compute_seconds(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) ->
     """(forward, backward) seconds of a step's compute on the busiest GPU: `stage_seconds` for each
     of its data-parallel rank's micro-batches."""
     fwd, bwd = stage_seconds(m, tr.micro_batch, par.tp, par.pp, par.virtual_stages, tr.precision,
-                             par.recompute, tr.dropout, par.sequence_parallel, par.flash_attention, hw)
+                             par.recompute, tr.dropout_for(m), par.sequence_parallel, par.flash_attention, hw)
     micro = tr.accumulation(par.dp)
     return micro * fwd, micro * bwd
 

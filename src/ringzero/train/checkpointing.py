@@ -17,8 +17,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.load import Reader, fill, fill_weights, resolve
-from ..checkpoint.manifest import CheckpointError
+from ..checkpoint.folders import resolve
+from ..checkpoint.load import Reader, fill, fill_weights
+from ..checkpoint.manifest import CheckpointError, read
 from ..checkpoint.save import snapshot, write
 from ..checkpoint.state import optimizer_states, pieces
 
@@ -40,7 +41,7 @@ def _rng(trainer) -> dict[str, torch.Tensor]:
 
 def _scaler(trainer) -> dict:
     s = trainer.scaler
-    return {k: getattr(s, k) for k in ("scale", "good_steps", "skipped") if hasattr(s, k)}
+    return {k: getattr(s, k) for k in ("scale", "good_steps", "skipped", "tolerance") if hasattr(s, k)}
 
 
 class Behind:
@@ -79,6 +80,7 @@ class Saver:
     def __init__(self, trainer) -> None:
         self.cfg, self.topo = trainer.cfg, trainer.topo
         self.token = run_token(self.topo.grid_group, self.topo.world)
+        self.ancestors = ancestors(self.cfg)
         self.behind = Behind()
         self.blocked_s: list[float] = []
         self.write_s: list[float] = []
@@ -93,7 +95,8 @@ class Saver:
                 "optimizer_step": trainer.opt.t}
         with trainer.strategy.shards_at_hand():
             snap = snapshot(step, t.rank, t.world, pieces(trainer.strategy, t, trainer.opt, writing=True),
-                            _rng(trainer), meta, self.token, c.keep, copy=c.async_save or c.offload_params != "none")
+                            _rng(trainer), meta, self.token, c.keep, copy=c.async_save or c.offload_params != "none",
+                            ancestors=self.ancestors, overwrite=c.overwrite)
         if c.async_save:
             self.behind.start(self._write, snap)
             self.blocked_s.append(time.perf_counter() - t0)
@@ -123,13 +126,20 @@ class Saver:
 
 
 def run_token(group, world: int) -> str:
-    """A name for this run's temporary checkpoint folders, the same on every rank of `group`
-    (rank 0's, broadcast: a collective when `world` > 1)."""
-    box = [secrets.token_hex(4)]
+    """This run's id: in its checkpoints' manifests and shards, and the name of its temporary
+    checkpoint folders; the same on every rank of `group` (rank 0's, broadcast: a collective when
+    `world` > 1)."""
+    box = [secrets.token_hex(8)]
     if world > 1:
         src = 0 if group is None else dist.get_global_rank(group, 0)
         dist.broadcast_object_list(box, src=src, group=group)
     return box[0]
+
+
+def ancestors(cfg) -> tuple[str, ...]:
+    """The runs a run of `cfg` descends from: the lineage of the checkpoint it resumes (none when
+    it starts afresh, or from a checkpoint saved before run ids)."""
+    return tuple(read(resolve(cfg.resume)).lineage) if cfg.resume is not None else ()
 
 
 def save_checkpoint(trainer, step: int) -> str | None:

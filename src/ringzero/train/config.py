@@ -14,7 +14,8 @@ from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
-from . import checkpoint_options, nonfinite, ps_options, zero_options
+from . import checkpoint_options, nonfinite, precision_options, ps_options, zero_options
+from .precision_options import LossScalerConfig
 
 STRATEGIES = ("single", *sharding.STRATEGIES, "ps")
 """`plan.sharding`'s data-parallel strategies, "single": DP on one rank, and "ps": a parameter
@@ -155,6 +156,9 @@ class TrainConfig:
     """Write checkpoints on a background thread: the step waits only for the copy to host memory."""
     resume: str | None = None
     """A checkpoint (its folder, or a save_dir: its latest) to continue from, in any layout."""
+    overwrite: bool = False
+    """Start in a save_dir that holds another run's checkpoints, retiring those at or after this
+    run's saves (without it such a run is refused: a run only removes its own lineage's)."""
     inject_nonfinite: tuple[int, int] | None = None
     """(rank, step): put an inf into that rank's gradient at that step (a fault, on purpose)."""
     inject_kill: tuple[int, int] | None = None
@@ -167,6 +171,8 @@ class TrainConfig:
     its loss scale off instead)."""
     init_from: str | None = None
     """A consolidated safetensors file (`ringzero checkpoint consolidate`) to take the weights from."""
+    loss_scaler: LossScalerConfig = LossScalerConfig()
+    """fp16's loss scaling: static or dynamic, its start, window, hysteresis and floor (`precision_options`)."""
 
     def __post_init__(self) -> None:
         allowed = choices()
@@ -192,6 +198,7 @@ class TrainConfig:
         ps_options.check(self)
         checkpoint_options.check(self)
         nonfinite.check(self)
+        precision_options.check(self)
 
     def _check_pipeline(self) -> None:
         _check(self, "pp", lambda v: v >= 1, "must be >= 1", integer=True)

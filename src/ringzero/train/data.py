@@ -13,6 +13,7 @@ the ranks together see exactly the global batch a single process would (the pari
 from __future__ import annotations
 
 import os
+import stat
 import sysconfig
 from pathlib import Path
 
@@ -32,32 +33,55 @@ def stdlib_files():
                 yield Path(folder) / name
 
 
+KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISCHR, "a character device"),
+         (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+CHUNK = 2**20
+"""Bytes read at a time: the corpus grows a chunk at a time, never past `max_bytes`."""
+
+
 def _files(path: str) -> list[Path]:
+    """`path` itself (a regular file) or the regular files under it. Anything else is refused
+    without opening it: a FIFO or a device could block or never end."""
     p = Path(path)
-    if p.is_file():
+    try:
+        mode = p.stat().st_mode
+    except FileNotFoundError:
+        raise ValueError(f"data path {path!r} does not exist (give a text file or a folder of them)") from None
+    except OSError as exc:
+        raise ValueError(f"data path {path!r} cannot be read: {exc.strerror}") from None
+    if stat.S_ISREG(mode):
         return [p]
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file())
+    if stat.S_ISDIR(mode):
+        files = sorted(f for f in p.rglob("*") if f.is_file())     # is_file: regular files only
         if files:
             return files
         raise ValueError(f"data folder {path!r} has no files")
-    raise ValueError(f"data path {path!r} does not exist (give a text file or a folder of them)")
+    kind = next((what for test, what in KINDS if test(mode)), "not a regular file")
+    raise ValueError(f"data path {path!r} is {kind}; give a regular text file or a folder of them")
 
 
-def corpus_bytes(path: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
-    """The corpus: `path`'s files, or the standard library's sources, up to `max_bytes`."""
-    files = _files(path) if path else stdlib_files()
-    chunks, total = [], 0
+def _read(files, max_bytes: int) -> bytearray:
+    """The first `max_bytes` of `files` concatenated: each file is read a chunk at a time up to
+    what is left, so a file far larger than `max_bytes` costs `max_bytes` of memory, not its size."""
+    corpus = bytearray()
     for f in files:
-        data = f.read_bytes()[: max_bytes - total]
-        chunks.append(data)
-        total += len(data)
-        if total >= max_bytes:
+        try:
+            with open(f, "rb") as fh:
+                while len(corpus) < max_bytes and (chunk := fh.read(min(CHUNK, max_bytes - len(corpus)))):
+                    corpus += chunk
+        except OSError as exc:
+            raise ValueError(f"data file {str(f)!r} cannot be read: {exc.strerror}") from None
+        if len(corpus) >= max_bytes:
             break
-    corpus = b"".join(chunks)
     if len(corpus) < 2:
         raise ValueError(f"the corpus has {len(corpus)} bytes; it needs at least 2")
     return corpus
+
+
+def corpus_bytes(path: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> bytearray:
+    """The corpus: `path`'s files, or the standard library's sources, up to `max_bytes` (a
+    bytearray: writable, so `load_bytes` wraps it in a tensor without a copy)."""
+    return _read(_files(path) if path else stdlib_files(), max_bytes)
 
 
 def check(corpus_size: int, seq: int, val_fraction: float = 0.1) -> tuple[int, int]:
@@ -75,7 +99,7 @@ def check(corpus_size: int, seq: int, val_fraction: float = 0.1) -> tuple[int, i
 def load_bytes(path: str | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
     """The corpus as a uint8 tensor (see `corpus_bytes`)."""
     import torch
-    return torch.frombuffer(bytearray(corpus_bytes(path, max_bytes)), dtype=torch.uint8)
+    return torch.frombuffer(corpus_bytes(path, max_bytes), dtype=torch.uint8)
 
 
 class ByteData:

@@ -67,7 +67,7 @@ class Trainer:
             offload_params=zero_options.param_offload(cfg)), self.queue)
         self.tp_grads = TensorParallelGrads(self.strategy, topology, cfg.tp_algorithm)
         self.opt = self._optimizer()
-        self.scaler = LossScaler() if cfg.precision == "fp16" else NoScaler()
+        self.scaler = LossScaler.from_config(cfg.loss_scaler) if cfg.precision == "fp16" else NoScaler()
         self.schedule = GradAccumulation() if self.stages is None else PipelineSchedule(
             self.stages, topology, cfg.schedule, cfg.virtual_stages, self._boundary_shape(),
             dtype(cfg.precision), cfg.pipeline_cost)
@@ -114,9 +114,9 @@ class Trainer:
         # its peers wait for it inside this step's collectives, where a slow GPU would hold them.
         slept = straggle(c, self.topo.rank, self._last_compute)
         self.nonfinite.before(step, st)
-        t0 = time.perf_counter()
         losses = self.schedule.run(self.model, st, self._micro_batches(step), self.scaler.scale, hooks)
-        self._last_compute = time.perf_counter() - t0
+        # forward and backward only: a slow device computes longer, its collectives take as long
+        self._last_compute = hooks.seconds["forward"] + hooks.seconds["backward"]
         if hooks.saved_bytes is not None:
             res.activations = hooks.saved_bytes
         if step == self.measure_step:

@@ -16,9 +16,7 @@ from __future__ import annotations
 import os
 import signal
 
-import torch
-
-from .. import comm
+from .. import comm          # lazy (PEP 562): `check` runs before any rank, so this module imports no torch
 
 
 class NonFiniteError(RuntimeError):
@@ -76,6 +74,7 @@ class NonFinite:
 
     def _origin(self, mine: bool) -> list[int]:
         """The grid ranks whose own gradient was not finite (one all-reduce; only on skipped steps)."""
+        import torch
         flags = torch.zeros(self.topo.world)
         flags[self.topo.rank] = float(mine)
         if self.topo.world > 1:

@@ -31,10 +31,11 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.load import Reader, fill, resolve
+from ..checkpoint.folders import resolve
+from ..checkpoint.load import Reader, fill
 from ..checkpoint.save import snapshot, write
 from ..checkpoint.state import Local, pieces
-from .checkpointing import Behind, due, run_token
+from .checkpointing import Behind, ancestors, due, run_token
 
 
 def range_pieces(strategy, lo: int, hi: int, tensors: dict[str, torch.Tensor]) -> list[Local]:
@@ -74,6 +75,7 @@ class PSSaver:
     def __init__(self, cfg, rank: int, workers: int, servers: int, group) -> None:
         self.cfg, self.rank, self.workers, self.servers = cfg, rank, workers, servers
         self.token = run_token(group, workers + servers)
+        self.ancestors = ancestors(cfg)
         self.last = -1
         """The newest step this rank saved (async: the server's clock passes each step many times)."""
         self.behind = Behind()
@@ -94,7 +96,8 @@ class PSSaver:
     def _snapshot(self, step: int, locals_: list[Local]):
         meta = _meta(self.cfg, self.workers, self.servers, step)
         return snapshot(step, self.rank, self.workers + self.servers, locals_, {"torch": torch.get_rng_state()},
-                        meta, self.token, self.cfg.keep, copy=False)
+                        meta, self.token, self.cfg.keep, copy=False, ancestors=self.ancestors,
+                        overwrite=self.cfg.overwrite)
 
     def wait(self) -> None:
         """Wait for the save in flight; raise its error."""

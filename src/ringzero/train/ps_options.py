@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ..plan.param_server import MODES, PSConfig  # noqa: F401 (MODES: the choices of ps_mode)
+from ..plan.param_server import MODES, PSConfig, check_servers  # noqa: F401 (MODES: the choices of ps_mode)
 
 PS = "ps"
 
@@ -70,9 +70,11 @@ def workers(cfg, world: int) -> int:
 
 def check_world(cfg, world: int) -> None:
     """What needs the number of processes: servers below the workers, the straggler's rank in range."""
-    if cfg.strategy == PS and cfg.servers >= workers(cfg, world):
-        raise _error("servers", f"servers={cfg.servers} must be fewer than the {workers(cfg, world)} workers "
-                                f"(nproc); a server per worker or more leaves servers idle")
+    if cfg.strategy == PS:
+        try:
+            check_servers(cfg.servers, workers(cfg, world), " (nproc)")
+        except ValueError as exc:
+            raise _error("servers", str(exc)) from None
     if cfg.straggler is not None and cfg.straggler[0] >= workers(cfg, world):
         raise _error("straggler", f"straggler rank {cfg.straggler[0]} is not a worker rank: there are "
                                   f"{workers(cfg, world)} (0-{workers(cfg, world) - 1})")

@@ -7,12 +7,18 @@ the JSON). Figures are the busiest rank's (the maximum over ranks), per step or 
 as named. Memory, activations and bytes on the wire are exact formulas of the configuration.
 
 Step time is predicted from the planner's counts and the rates the in-run probes measured
-(`train.predict_step`, which says how each phase is priced).
+(`train.predict_step`, which says how each phase is priced). The step's phases are rows of their
+own, predicted and measured, and add up to the step: what the measured step spent outside every
+phase is the row "rest of the step" (predicted 0: the planner has no such term). With an injected
+straggler the rank shown is the straggler (the busiest by construction: every rank's synchronous
+step lasts as long as its), whose extra compute is its own row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -20,8 +26,11 @@ from . import predict, report_zero
 from . import predict_pipeline as pipe
 from .config import TrainConfig
 from .engine import RankResult
-from .predict_step import comm_seconds, step_seconds
+from .predict_step import comm_seconds, step_seconds, unpriced
 from .probe import pooled_flops
+
+SCHEMA = "ringzero.train-report/2"
+"""The JSON report's schema (`to_json`; a parameter-server run's has the same header, `header`)."""
 
 ERROR_DEFINITION = (
     "error = (measured - predicted) / predicted: + means the measurement is above the prediction "
@@ -50,7 +59,10 @@ class Twin:
         return {"predicted": self.predicted, "measured": self.measured, "unit": self.unit, "error": self.error}
 
 
-def _busiest(results: list[RankResult]) -> RankResult:
+def _busiest(results: list[RankResult], cfg: TrainConfig | None = None) -> RankResult:
+    """The rank the table shows: the injected straggler (`cfg.straggler`), else the slowest step's."""
+    if cfg is not None and cfg.straggler is not None:
+        return next((r for r in results if r.rank == cfg.straggler[0]), max(results, key=lambda r: r.step_time))
     return max(results, key=lambda r: r.step_time)
 
 
@@ -59,10 +71,10 @@ def _pooled(results: list[RankResult]) -> bool:
     return n > 0 and all(len(r.probes) == n for r in results)
 
 
-def run_rates(results: list[RankResult]) -> dict:
+def run_rates(results: list[RankResult], cfg: TrainConfig | None = None) -> dict:
     """The busiest rank's probed rates, but the block's FLOP/s over every rank's points
     (`probe.pooled_flops`: ranks that share cores take turns at a core of their own)."""
-    own = _busiest(results).probe
+    own = _busiest(results, cfg).probe
     return {**own, "flops": pooled_flops([r.probes for r in results])} if _pooled(results) else own
 
 
@@ -75,7 +87,7 @@ def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> di
     """The busiest rank's (the table's) probe points with the prediction each one alone gives, the
     spread ((max - min) / median) of the rates, of those predictions and of the measured steps
     ("measured_step"), and what probing cost against the steps' time."""
-    res, pooled = _busiest(results), _pooled(results)
+    res, pooled = _busiest(results, cfg), _pooled(results)
     points = [{**p, "flops": pooled_flops([r.probes for r in results], i) if pooled else p["flops"]}
               for i, p in enumerate(res.probes)]
     points = [{**p, "predicted": step_seconds(cfg, world, res.buckets, p, res.sp_elements, res.rank)}
@@ -92,12 +104,12 @@ def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> di
 
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
-    busiest = _busiest(results)
+    busiest = _busiest(results, cfg)
     states = [predict.states(cfg, world, r.rank) for r in results]
     sent = [predict.traffic(cfg, world, r.buckets, r.rank, r.sp_elements) for r in results]
     total_sent = [sum(op["bytes_sent"] for op in r.traffic.get("ops", {}).values()) for r in results]
     total_recv = [sum(op["bytes_recv"] for op in r.traffic.get("ops", {}).values()) for r in results]
-    steps = step_seconds(cfg, world, busiest.buckets, run_rates(results), busiest.sp_elements, busiest.rank)
+    steps = step_seconds(cfg, world, busiest.buckets, run_rates(results, cfg), busiest.sp_elements, busiest.rank)
     tokens = cfg.global_batch(world) * cfg.shape.seq
     rows = [Twin(f"{name} held", max(s[key] for s in states), max(r.held[key] for r in results), "bytes")
             for name, key in (("parameters", "params"), ("gradients", "grads"), ("optimizer states", "optimizer"))]
@@ -114,20 +126,34 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
         + report_zero.offload_twins(cfg, world, results)
     if cfg.pp > 1:
         rows += pipeline_twins(cfg, world, results)
-    rows += [
-        Twin("compute per step", steps["compute"], busiest.phases["forward"] + busiest.phases["backward"], "s"),
-        Twin("exposed communication per step", steps["comm"], busiest.phases["comm"], "s"),
-        Twin("optimizer per step", steps["optimizer"], busiest.phases["optimizer"], "s"),
-    ]
-    if cfg.pp > 1:
-        rows.append(Twin("pipeline wait per step", steps["bubble"], busiest.phases["pipeline_wait"], "s"))
     from . import report_wait                  # it builds on this module's Twin
     rows += report_wait.twins(cfg, world, results)
+    rows += phase_twins(cfg, busiest, steps)
     rows += [
         Twin("step time", steps["step"], busiest.step_time, "s"),
         Twin("tokens per second", tokens / steps["step"], tokens / busiest.step_time, "tokens/s"),
     ]
     return [r for r in rows if world > 1 or "communication" not in r.name]
+
+
+REST = "rest of the step (outside the phases above)"
+
+
+def phase_twins(cfg: TrainConfig, r: RankResult, steps: dict[str, float]) -> list[Twin]:
+    """Rank `r`'s step, phase by phase (`predict_step.step_seconds`' `steps` beside its medians),
+    each in one row only, so that the rows add up to the step time: the predicted ones to the
+    predicted step, the measured ones with `REST` (the step's time outside every phase) to the
+    measured step."""
+    ph = r.phases
+    rows = [Twin("compute per step", steps["compute"], ph["forward"] + ph["backward"], "s")]
+    if cfg.straggler is not None:
+        rows.append(Twin(f"straggler's extra compute per step (rank {cfg.straggler[0]}; every rank's step "
+                         f"waits for it)", steps["straggler"], ph.get("straggler", 0.0), "s"))
+    rows += [Twin("exposed communication per step", steps["comm"], ph["comm"], "s"),
+             Twin("optimizer per step", steps["optimizer"], ph["optimizer"], "s")]
+    if cfg.pp > 1:
+        rows.append(Twin("pipeline wait per step", steps["bubble"], ph["pipeline_wait"], "s"))
+    return rows + [Twin(REST, 0.0, r.step_time - sum(t.measured for t in rows), "s")]
 
 
 def _stage_ranks(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[RankResult]:
@@ -161,16 +187,38 @@ def pipeline_twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> l
     return rows
 
 
+def header(cfg: TrainConfig, world: int, results: list[RankResult]) -> dict:
+    """What every JSON report (`to_json`, and a parameter-server run's) opens with: "schema",
+    "config", "world", "losses" (the mean loss of each step this run ran, in order), "first_step"
+    (the number of steps before the first of them: 0, or a resumed run's checkpoint step, so
+    losses[i] is step first_step + i + 1's) and "val" ([{"step", "loss"}], steps counted from 1)."""
+    r0 = results[0]
+    return {"schema": SCHEMA, "config": dataclasses.asdict(cfg), "world": world,
+            "first_step": cfg.steps - len(r0.losses), "losses": r0.losses,
+            "val": [{"step": s, "loss": v} for s, v in r0.val]}
+
+
+def validation_line(cfg: TrainConfig, val: list[tuple[int, float]]) -> str:
+    """The validation losses beside a uniform guess's: over the model's vocabulary (an untrained
+    model's loss), and over the 256 byte values the data hold (`train.data` is byte-level) when
+    the vocabulary is larger."""
+    v = cfg.shape.vocab
+    text = f"uniform over the model's vocabulary of {v:,}: ln {v:,} = {math.log(v):.3f}"
+    if v > 256:
+        text += f"; over the data's 256 byte values: ln 256 = {math.log(256):.3f}"
+    return "validation loss: " + ", ".join(f"step {s}: {x:.3f}" for s, x in val) + f"   ({text})"
+
+
 def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[Twin],
             probes: dict | None = None) -> dict:
-    """The report as plain data (`probes`: `probe_summary`'s, when the caller has it already)."""
-    r0, busiest, probed = results[0], _busiest(results), run_rates(results)
-    return {"schema": "ringzero.train-report/2", "config": dataclasses.asdict(cfg), "world": world,
-            "losses": r0.losses, "val": [{"step": s, "loss": v} for s, v in r0.val],
-            "error_definition": ERROR_DEFINITION,
+    """The report as plain data (`probes`: `probe_summary`'s, when the caller has it already);
+    `header`'s keys first."""
+    r0, busiest, probed = results[0], _busiest(results, cfg), run_rates(results, cfg)
+    return {**header(cfg, world, results), "error_definition": ERROR_DEFINITION,
             "twins": {t.name: t.to_json() for t in rows}, "skipped_steps": r0.skipped,
             "predicted_phases": step_seconds(cfg, world, busiest.buckets, probed, busiest.sp_elements, busiest.rank),
             "probe": probed, "probes": probes or probe_summary(cfg, world, results),
+            "unpriced": unpriced(cfg, world, os.cpu_count() or 1),
             "communication_model": comm_seconds(cfg, world, busiest.buckets, probed, busiest.sp_elements,
                                                 busiest.rank)["source"],
             "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets, busiest.sp_elements,
@@ -213,10 +261,12 @@ def caption(probes: dict | None = None) -> str:
     return text
 
 
-def render(rows: list[Twin], console, probes: dict | None = None) -> None:
-    """The rich table, captioned with `caption(probes)` (`probes`: `probe_summary`'s, optional)."""
+def render(rows: list[Twin], console, probes: dict | None = None, rank: int | None = None) -> None:
+    """The rich table, captioned with `caption(probes)` (`probes`: `probe_summary`'s, optional);
+    `rank`: the rank whose phases it shows."""
     from rich.table import Table
-    table = Table(title="ringzero.plan's prediction beside the measurement (busiest rank)",
+    who = "busiest rank" if rank is None else f"busiest rank: {rank}"
+    table = Table(title=f"ringzero.plan's prediction beside the measurement ({who})",
                   caption=caption(probes), caption_justify="left")
     for col, just in (("quantity", "left"), ("predicted", "right"), ("measured", "right"), ("error", "right")):
         table.add_column(col, justify=just)
@@ -225,6 +275,11 @@ def render(rows: list[Twin], console, probes: dict | None = None) -> None:
         seen = "not metered" if t.measured is None else _fmt(t.measured, t.unit)
         table.add_row(t.name, _fmt(t.predicted, t.unit), seen, err)
     console.print(table)
+
+
+def shown_rank(cfg: TrainConfig, results: list[RankResult]) -> int:
+    """The rank whose phases and step the table shows (`_busiest`)."""
+    return _busiest(results, cfg).rank
 
 
 def _fmt(x: float, unit: str) -> str:

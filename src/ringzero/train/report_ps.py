@@ -136,16 +136,14 @@ def render(cfg: TrainConfig, world: int, results: list[RankResult], console) -> 
 
 
 def report(cfg: TrainConfig, world: int, results: list[RankResult], path: str | None, console) -> None:
-    """`ringzero train --strategy ps`'s output: the validation losses, `render`, and the JSON report."""
-    import dataclasses
+    """`ringzero train --strategy ps`'s output: the validation losses, `render`, and the JSON report
+    (`report.header`'s keys, as every run's, then the twins, the ranks and the imbalance)."""
     import json
-    import math
 
     from .. import outputs
-    console.print("validation loss: " + ", ".join(f"step {s}: {v:.3f}" for s, v in results[0].val)
-                  + f"   (uniform bytes: ln 256 = {math.log(256):.3f})")
+    from .report import header, validation_line
+    console.print(validation_line(cfg, results[0].val))
     data = render(cfg, world, results, console)
     if path:
-        data.update(config=dataclasses.asdict(cfg), world=world, losses=results[0].losses, val=results[0].val)
-        outputs.write_text(path, json.dumps(data, indent=1))
+        outputs.write_text(path, json.dumps({**header(cfg, world, results), **data}, indent=1))
         console.print(f"wrote {path}")

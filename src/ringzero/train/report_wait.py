@@ -8,12 +8,18 @@ Measured by the flight recorder (`comm.flight.waits`): in each collective, the t
 rank's arrival to the last member's, timed apart from the bytes moving after it, counted where the
 rank's computation was blocked (a bucket's all-reduce that waits while backward still runs costs
 nothing). Medians over the steady steps.
+
+Under tensor parallelism and ZeRO-3 most of that wait falls inside forward and backward (the
+layers' collectives), so the table of ranks shows apart the part of it inside the exposed
+communication, which is the twin table's "exposed communication per step" (waiting included).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
+from ..comm.flight import Timeline
 from ..comm.flight import waits as arrival_waits
 from ..plan.param_server import wait_seconds
 from .config import TrainConfig
@@ -25,12 +31,29 @@ def compute(r: RankResult) -> float:
     return r.phases["forward"] + r.phases["backward"] + r.phases.get("straggler", 0.0)
 
 
+def _medians(results: list[RankResult], log=lambda t: t) -> list[float]:
+    """Each rank's median over the steady steps of its wait (`flight.waits` of `log(timeline)`)."""
+    steps = min(len(r.calls) for r in results)
+    per_step = [arrival_waits([log(r.calls[k]) for r in results]) for k in range(steps)]
+    return [statistics.median(w[i] for w in per_step) if per_step else 0.0 for i in range(len(results))]
+
+
+def _in_comm(t: Timeline) -> Timeline:
+    """`t` with every call counted as made beside computation, so that a wait counts only inside
+    the spans the computing thread blocked for communication: the step's comm phase."""
+    out = Timeline()
+    out.calls, out.blocked = [dataclasses.replace(c, beside=True) for c in t.calls], list(t.blocked)
+    return out
+
+
 def waits(results: list[RankResult]) -> tuple[list[float], list[float]]:
     """(predicted, measured) seconds each rank waits for the others per step."""
-    steps = min(len(r.calls) for r in results)
-    per_step = [arrival_waits([r.calls[k] for r in results]) for k in range(steps)]
-    measured = [statistics.median(w[i] for w in per_step) if per_step else 0.0 for i in range(len(results))]
-    return wait_seconds([compute(r) for r in results]), measured
+    return wait_seconds([compute(r) for r in results]), _medians(results)
+
+
+def comm_waits(results: list[RankResult]) -> list[float]:
+    """Seconds each rank waits for the others per step inside its exposed communication."""
+    return _medians(results, _in_comm)
 
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
@@ -46,20 +69,24 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
 
 
 def render(cfg: TrainConfig, results: list[RankResult], console) -> list[dict]:
-    """Per rank: compute, waiting (its prediction), communication; printed, and returned as data."""
+    """Per rank: compute, waiting (its prediction), exposed communication as the twin table's and
+    the waiting inside it; printed, and returned as data."""
     from rich.table import Table
     if len(results) == 1 or cfg.pp > 1:
         return []
     predicted, measured = waits(results)
     rows = [{"rank": r.rank, "compute_s": compute(r), "waiting_s": m, "predicted_waiting_s": p,
-             "comm_s": max(0.0, r.phases["comm"] - m)} for r, p, m in zip(results, predicted, measured)]
+             "comm_s": r.phases["comm"], "comm_waiting_s": w}
+            for r, p, m, w in zip(results, predicted, measured, comm_waits(results))]
     table = Table(title="every rank per step (medians of steady steps): waiting = in collectives, from "
-                        "this rank's arrival to the last peer's; communication = exposed")
-    for col in ("rank", "compute", "waiting (predicted)", "communication"):
+                        "this rank's arrival to the last peer's, wherever it falls (under tensor parallelism "
+                        "and ZeRO-3 mostly inside forward and backward); exposed communication = the twin "
+                        "table's (the step outside forward, backward and the optimizer), waiting in it included")
+    for col in ("rank", "compute", "waiting (predicted)", "exposed communication", "waiting in it"):
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(str(r["rank"]), f"{r['compute_s'] * 1e3:.1f} ms",
                       f"{r['waiting_s'] * 1e3:.1f} ms ({r['predicted_waiting_s'] * 1e3:.1f})",
-                      f"{r['comm_s'] * 1e3:.1f} ms")
+                      f"{r['comm_s'] * 1e3:.1f} ms", f"{r['comm_waiting_s'] * 1e3:.1f} ms")
     console.print(table)
     return rows
