@@ -1,5 +1,6 @@
 """`ringzero train` bad input, checked the same way by every test file that has some: one line on
-stderr, exit code 2, the report not written and nothing else either."""
+stderr, exit code 2, the report not written and nothing else either; and the helpers those files
+share (no rank may start; is a process alive)."""
 
 from ringzero import cli
 
@@ -18,3 +19,22 @@ def train_fails(capsys, tmp_path, argv, *words):
     assert not report.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == before, "something was written"
     return line
+
+
+def _no_ranks(*args, **kwargs):
+    raise AssertionError("a rank was about to start: the input passed every check")
+
+
+def forbid_ranks(monkeypatch) -> None:
+    """Make starting any rank fail the test: what follows runs the checks only."""
+    monkeypatch.setattr("ringzero.launch.run", _no_ranks)
+    monkeypatch.setattr("ringzero.launch.spawn", _no_ranks)
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -13,6 +13,7 @@ import os
 import pytest
 
 from ringzero import cli
+from cli_errors import forbid_ranks
 
 MANIFEST = {"format": "ringzero.checkpoint/1", "step": 1, "layout": {}, "config": {},
             "tensors": {"param/w": {"shape": [2, 2], "dtype": "float32", "pieces": [
@@ -217,16 +218,11 @@ def _tree(root) -> list[str]:
     return sorted(os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files)
 
 
-def _no_ranks(*args, **kwargs):
-    raise AssertionError("a rank was about to start: the input passed every check")
-
-
 @pytest.fixture
 def cwd(tmp_path, monkeypatch):
     """The working folder with the inputs the cases name; no rank can start."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("ringzero.launch.run", _no_ranks)
-    monkeypatch.setattr("ringzero.launch.spawn", _no_ranks)
+    forbid_ranks(monkeypatch)
     (tmp_path / "tiny.txt").write_text("abc" * 5)
     (tmp_path / "empty").mkdir()
     (tmp_path / "ds").mkdir()

@@ -18,19 +18,15 @@ import pytest
 import torch
 
 from ringzero import cli, comm
+from cli_errors import alive, forbid_ranks
 
 GIB = 2**30
-
-
-def _no_ranks(*args, **kwargs):
-    raise AssertionError("a rank was about to start: the input passed every check")
 
 
 @pytest.fixture
 def cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("ringzero.launch.run", _no_ranks)
-    monkeypatch.setattr("ringzero.launch.spawn", _no_ranks)
+    forbid_ranks(monkeypatch)
     return tmp_path
 
 
@@ -139,7 +135,6 @@ def test_a_fault_before_the_resumed_step_is_refused_with_the_range(cwd, capsys, 
     refused(capsys, cwd, ["train", "--resume", ck, "--steps", "10", flag, "0:2", "--quiet"],
             f"{flag} step 2 is not one this run takes (it resumes from the checkpoint of step 5)",
             "allowed: 5-9 (steps count from 0)")
-
 
 
 # 6: figures: whatever matplotlib writes, on every command; the same refusal otherwise
@@ -294,15 +289,6 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-@pytest.mark.timeout(420)
 def test_sigkill_of_the_launcher_leaves_no_rank_and_no_leaked_semaphore(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "ringzero.cli", "train", "--nproc", "2", "--steps", "1000"],
                          stdout=subprocess.PIPE, stderr=open(tmp_path / "err", "wb"), cwd=tmp_path,
@@ -315,9 +301,9 @@ def test_sigkill_of_the_launcher_leaves_no_rank_and_no_leaked_semaphore(tmp_path
         os.kill(p.pid, signal.SIGKILL)
         p.wait()
         deadline = time.monotonic() + 120
-        while any(_alive(k) for k in kids) and time.monotonic() < deadline:
+        while any(alive(k) for k in kids) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not [k for k in kids if _alive(k)], "orphaned ranks"
+        assert not [k for k in kids if alive(k)], "orphaned ranks"
         time.sleep(1.0)                                 # the tracker's last word, if any, is written by now
         err = (tmp_path / "err").read_text()
         assert "leaked semaphore" not in err and "resource_tracker" not in err, err

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm, launch, watchdog
+from cli_errors import alive
 from ringzero.watchdog import WatchdogPolicy, beacon
 
 QUICK = ["--seq", "16", "--micro-batch", "1", "--max-bytes", "65536", "--eval-every", "1000"]
@@ -186,14 +187,6 @@ def _ranks_of(pid: int) -> list[int]:
     return sorted(ranks)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _wait_for_step(proc: subprocess.Popen, nproc: int) -> list[int]:
     """Block until rank 0 logged a step; return the rank pids."""
     for line in proc.stdout:
@@ -207,7 +200,7 @@ def _wait_for_step(proc: subprocess.Popen, nproc: int) -> list[int]:
 def _gone(pids: list[int], within: float = 15.0) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             return True
         time.sleep(0.1)
     return False

@@ -46,7 +46,7 @@ import numpy as np
 
 from ..plan.comm_volume import Volume, call_for, volume
 from ..plan.network import FEATURES, RANK_FEATURES, AlphaBetaGamma, features, rank_features, slowest_rank
-from .calibration_guard import WorseThanDefaults, check_better  # noqa: F401  (part of this module's API)
+from .calibration_guard import WorseThanDefaults, check_better, check_sizes  # noqa: F401  (this module's API)
 from .config import get_config
 from .nnls import nnls
 from .ring_overlap import COLUMNS, OVERLAP, overlap_credit, overlapped  # noqa: F401  (part of this module's API)
@@ -238,34 +238,6 @@ def _own_model(vols: list[list[Volume]], times: np.ndarray, ovs: np.ndarray,
                 held.append(abs(predict_row(v, own[0], ov, own[1]) - secs) / secs)
                 base.append(abs(predict_row(v, shared[0], ov, shared[1]) - secs) / secs)
     return _fit_rows(vols, times, ovs) if np.median(held) < OWN_MARGIN * np.median(base) else None
-
-
-SIZE_SPREAD = 2.0
-"""The largest message a calibration measures must be at least this many times its smallest."""
-
-
-def check_sizes(nbytes) -> None:
-    """Refuse message sizes from which α and β cannot both be fitted.
-
-    At one message size every call of a world moves the same bytes in the same rounds, so the
-    per-round cost α and the per-byte cost β are collinear and least squares puts the time on one
-    of them (β = 0 in practice): a calibration that looks fine and mispredicts every other size.
-    nccl-tests is run as a sweep (-b 8 -e 128M -f 2) for the same reason, so a sweep is what its
-    users expect; refusing costs one flag, a silent β = 0 would mislead every later "auto" pick.
-    """
-    sizes = sorted({int(b) for b in nbytes if b > 0})
-    if not sizes or sizes[-1] < SIZE_SPREAD * sizes[0]:
-        shown = ("none" if not sizes else _size(sizes[0]) if len(sizes) == 1
-                 else f"{_size(sizes[0])} to {_size(sizes[-1])}")
-        raise ValueError(f"calibration needs message sizes at least {SIZE_SPREAD:g}x apart to fit both "
-                         f"α (per round) and β (per byte), got {shown}; give e.g. --sizes 4KiB,1MiB,16MiB")
-
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale}{unit}"
-    return f"{nbytes}B"
 
 
 def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None) -> Calibration:

@@ -14,6 +14,7 @@ from ..plan.placement import Placement
 from ..plan.presets import MODELS
 from ..plan.presets import model as preset
 from ..plan.shapes import ModelShape
+from .gpt_shape import check_shape, trainable
 from . import checkpoint_options, nonfinite, precision_options, ps_options, zero_options
 from .precision_options import LossScalerConfig
 
@@ -22,24 +23,6 @@ STRATEGIES = ("single", *sharding.STRATEGIES, "ps")
 server (`ps_options`)."""
 ATTENTIONS = ("eager", "sdpa")
 """eager materialises the s x s scores; sdpa is torch's scaled_dot_product_attention."""
-
-
-def check_shape(m: ModelShape) -> None:
-    """ringzero's GPT has learned positions, LayerNorm, an ungated MLP, tied embeddings and MHA."""
-    wrong = [f"{k}={getattr(m, k)!r}" for k, ok in (("positions", m.positions == "learned"),
-             ("norm", m.norm == "layernorm"), ("gated", not m.gated), ("tied", m.tied),
-             ("kv_heads", m.kv == m.heads)) if not ok]
-    if wrong:
-        raise ValueError(f"ringzero's GPT cannot take {', '.join(wrong)}: it has learned positions, "
-                         "LayerNorm, a GELU MLP, tied embeddings and multi-head attention")
-
-
-def _trainable(shape: ModelShape) -> bool:
-    try:
-        check_shape(shape)
-        return True
-    except ValueError:
-        return False
 
 
 class FieldError(ValueError):
@@ -59,7 +42,7 @@ def choices() -> dict[str, tuple[str, ...]]:
             "comm_algorithm": registry.SPECIAL + registry.algorithms("all_reduce"),
             "offload_optimizer": zero_options.OFFLOADS, "offload_params": zero_options.OFFLOADS,
             "ps_mode": ps_options.MODES,
-            "model": tuple(name for name, shape in MODELS.items() if _trainable(shape))}
+            "model": tuple(name for name, shape in MODELS.items() if trainable(shape))}
 
 
 @dataclass(frozen=True, kw_only=True)

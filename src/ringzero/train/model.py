@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..plan.shapes import ModelShape
-from .config import ATTENTIONS, check_shape
+from .config import ATTENTIONS
+from .gpt_shape import check_shape
 
 
 
