@@ -71,8 +71,10 @@ def _phases(rows: list[report.Twin]) -> list[report.Twin]:
 @pytest.mark.parametrize("strategy", ["dp", "zero2"])
 def test_a_straggler_run_predicts_its_step_and_its_phases_add_up(pool, strategy):
     # 5x: the straggler's extra compute (4 computes) dominates its step; without it in the
-    # prediction the step was predicted at a fifth of what it measures.
-    cfg = TrainConfig(strategy=strategy, straggler=(1, 5.0), steps=8, **BASE)
+    # prediction the step was predicted at a fifth of what it measures. Sequence 128: at 32 a step's
+    # compute (~25 ms) is mostly per-call overhead the block's rate does not see (compute +40 % with
+    # no straggler at all), which left the step error at +30 to +63 %.
+    cfg = TrainConfig(strategy=strategy, straggler=(1, 5.0), steps=8, **{**BASE, "seq": 128})
     results = pool.run(_train, cfg, world=2)
     rows = report.twins(cfg, 2, results)
     by = {t.name: t for t in rows}
@@ -215,14 +217,11 @@ def test_layout_auto_says_what_it_planned_for_and_the_runner_up(capsys):
 
 
 def test_the_report_names_the_terms_it_does_not_price():
-    """Contention for cores the probe cannot see: a straggler computing alone while its peers wait
-    (only where ranks outnumber cores), ZeRO-3's gathers beside compute; none for plain dp."""
+    """Contention for cores the probe cannot see: ZeRO-3's gathers beside compute; none for plain
+    dp, and none for a straggler (priced at its share of the cores: `predict_straggler`)."""
     from ringzero.train.config import TrainConfig
     from ringzero.train.predict_step import unpriced
-    strag = TrainConfig(strategy="dp", straggler=(1, 2.0))
-    assert unpriced(strag, 2, 2) == []
-    (line,) = unpriced(strag, 4, 2)
-    assert "straggler" in line and "4 ranks on 2 cores" in line
+    assert unpriced(TrainConfig(strategy="dp", straggler=(1, 2.0)), 4, 2) == []
     (line,) = unpriced(TrainConfig(strategy="zero3"), 2, 2)
     assert "all-gathers" in line
     assert unpriced(TrainConfig(strategy="dp"), 4, 2) == []

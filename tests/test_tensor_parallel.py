@@ -292,3 +292,43 @@ def test_plan_none_needs_the_gpt():
     with pytest.raises(ValueError, match="give a plan"):
         apply_tensor_parallel(TwoLinears(), _topo(2))
 
+
+
+# -- one block alone, as the step-time probe times it ----------------------------------------------
+
+def _block_pass(group, sp, recompute):
+    """A block split with `split_block`: its output against the whole block's, and the collectives
+    of one forward and backward (`probe_tp.TPLayerPass`, the probe's tp pass)."""
+    from ringzero.parallel.tensor_parallel import split_block
+    from ringzero.train.config import TrainConfig
+    from ringzero.train.model import Block
+    from ringzero.train.probe_tp import TPLayerPass
+    topo = Topology.build(Placement.for_world(2, tp=2), group)
+    torch.manual_seed(0)
+    whole = Block(SHAPE, "eager", 0.0)
+    split = copy.deepcopy(whole)
+    split_block(split, topo, sequence_parallel=sp, algorithm="ring")
+    x = torch.randn(B, SHAPE.seq, SHAPE.hidden)
+    mine = x.chunk(2, dim=1)[topo.tp_rank] if sp else x
+    want = whole(x).chunk(2, dim=1)[topo.tp_rank] if sp else whole(x)
+    same = torch.allclose(split(mine), want, rtol=RTOL, atol=1e-6)
+    cfg = TrainConfig(model="nano", seq=SHAPE.seq, micro_batch=B, tp=2, dp=1, sequence_parallel=sp,
+                      recompute=recompute, comm_algorithm="ring")
+    one = TPLayerPass(cfg, topo, torch.float32)
+    one()                                                   # first use outside the meter
+    with comm.TrafficMeter() as meter:
+        one()
+    return same, {k: r.calls for k, r in meter.records.items()}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("recompute", ["none", "full"])
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
+def test_a_split_block_is_the_layer_the_step_runs(pool, sp, recompute):
+    """Its output is the whole block's (this rank's sequence shard under SP), and one pass makes the
+    collectives `plan.tensor_parallel.layer_collectives` counts for a layer of the step."""
+    from ringzero.plan.tensor_parallel import layer_collectives
+    want = {f"{c}/ring": k for _, c, k in layer_collectives(sp, recompute)}
+    for same, calls in pool.run(_block_pass, sp, recompute, world=2):
+        assert same
+        assert calls == want

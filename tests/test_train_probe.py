@@ -147,3 +147,31 @@ def test_without_a_comm_probe_the_alpha_beta_gamma_model_predicts(pool):
     bare = [dataclasses.replace(r, probe=rates, probes=[]) for r in results]
     d = report.to_json(cfg, 2, bare, report.twins(cfg, 2, bare))
     assert d["probes"]["points"] == [] and d["communication_model"] == "alpha-beta-gamma model"
+
+
+@pytest.mark.timeout(240)
+def test_tensor_parallel_layers_and_a_straggler_are_probed_as_the_step_runs_them(pool):
+    """Under tp every rank times a split block with its collectives (`probe_tp`), and the layers'
+    tp collectives are priced at what that pass takes beyond the block's arithmetic; a straggler's
+    rank alone times its block with the others held (`alone_flops`), and only it is priced by it."""
+    cfg = TrainConfig(**{**BASE, "steps": 4}, strategy="dp", tp=2, sequence_parallel=True, straggler=(1, 2.0))
+    results = pool.run(_probed, [cfg], world=2)
+    results = [r[0] for r in results]
+    for r in results:
+        assert all("tp_layer_comm_s" in p for p in r.probes)
+        assert all(("alone_flops" in p) == (r.rank == 1) for p in r.probes)
+        assert r.probe["tp_layer_comm_s"] == statistics.median(p["tp_layer_comm_s"] for p in r.probes)
+    rates = report.run_rates(results, cfg)
+    assert rates["alone_flops"] == statistics.median(p["alone_flops"] for p in results[1].probes)
+    buckets = results[1].buckets
+    with_pass = predict_step.comm_seconds(cfg, 2, buckets, rates, results[1].sp_elements, 1)
+    alone = {k: v for k, v in rates.items() if k != "tp_layer_comm_s"}
+    without = predict_step.comm_seconds(cfg, 2, buckets, alone, results[1].sp_elements, 1)
+    from ringzero.plan.tensor_parallel import layer_collectives
+    bsh = cfg.micro_batch * cfg.shape.seq * cfg.shape.hidden
+    layer = sum(k * rates["comm"][probe.call_key(c, bsh, 4, "tp")] for _, c, k in layer_collectives(True))
+    ratio = max(0.0, rates["tp_layer_comm_s"]) / layer
+    assert predict_step.tp_in_step_ratio(cfg, rates) == pytest.approx(ratio)
+    # plain dp over the dp group: every collective inside compute is a tp one, each scaled by it
+    assert with_pass["in_compute"] == pytest.approx(ratio * without["in_compute"])
+    assert with_pass["exposed"] == without["exposed"]

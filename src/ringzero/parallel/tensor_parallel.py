@@ -258,6 +258,16 @@ def apply_tensor_parallel(model: nn.Module, topology, plan: dict[str, str] | Non
                     padded_vocab=padded, rng=tracker)
 
 
+def split_block(block: nn.Module, topology, *, sequence_parallel: bool = False, algorithm: str = "auto") -> None:
+    """Split one block of ringzero's GPT over `topology`'s tp group, in place, as
+    `apply_tensor_parallel` splits each of the model's: its two column- and two row-parallel linears
+    with their collectives (a block alone: what one layer of a tensor-parallel step computes and
+    sends, for a probe to time). Its input is (b, s/t, h) under sequence parallelism, else (b, s, h)."""
+    spec = {name.removeprefix("blocks.*."): style for name, style in GPT_PLAN.items()}
+    ctx = _Ctx(topology.tp_group, topology.tp, topology.tp_rank, sequence_parallel, algorithm)
+    _split_linears(block, _linears(block, spec, topology.tp), ctx)
+
+
 def _mark_rest(model: nn.Module, sequence_parallel: bool) -> None:
     """Mark what the split left unmarked: replicated, except LayerNorms on sequence shards."""
     for mod in model.modules():

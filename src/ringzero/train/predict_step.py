@@ -15,21 +15,25 @@ changed during the run shows there.
   elements of which size, how many times per step) of the seconds the same call took in the probe
   (same algorithm, dtype and communication thread), all of it counted as exposed, except ZeRO-3's
   all-gathers: forward and backward wait for a layer's weights, so those are predicted (and
-  measured) inside compute. Why a probe and not the α-β-γ model alone: the model's constants come
-  from a separate calibration (or its defaults) on a machine that may have been quiet then and is
-  loaded now (under load here, every probed call took about 4 ms whatever its size: one tick of this
-  250 Hz kernel's scheduler), and from fp32 buffers, while a 16-bit reduction on a CPU runs at
-  another speed; the probe times the real call under the run's load. It is still a prediction: the
-  probe times each call alone, and the planner's counts say how many of each a step makes. Why no
-  overlap is credited: the ranks share this machine's cores, so a collective that runs beside
-  backward takes cores from it; the time it hides from the comm phase reappears in compute (measured
-  compute above, exposed communication below the prediction, the step time close). The α-β-γ figure
-  is kept in the JSON (`alpha_beta_gamma_comm_s`), and is the prediction, all of it exposed, when no
-  probe ran.
+  measured) inside compute, and the tensor-parallel collectives, each at its time alone times the
+  ratio of a layer's collectives in the probe's tp pass to the same timed alone (`tp_in_step_ratio`,
+  `probe_tp`: with more ranks than cores a tp group waits in them for a peer that has no core). Why
+  a probe and not the α-β-γ model alone: the model's constants come from a separate calibration (or
+  its defaults) on a machine that may have been quiet then and is loaded now (under load here, every
+  probed call took about 4 ms whatever its size: one tick of this 250 Hz kernel's scheduler), and
+  from fp32 buffers, while a 16-bit reduction on a CPU runs at another speed; the probe times the
+  real call under the run's load. It is still a prediction: the probe times each call alone, and the
+  planner's counts say how many of each a step makes. Why no overlap is credited: the ranks share
+  this machine's cores, so a collective that runs beside backward takes cores from it; the time it
+  hides from the comm phase reappears in compute (measured compute above, exposed communication
+  below the prediction, the step time close). The α-β-γ figure is kept in the JSON
+  (`alpha_beta_gamma_comm_s`), and is the prediction, all of it exposed, when no probe ran.
 - Straggler (`--straggler R:F`): a synchronous step ends together on every rank, so rank R's
   extra compute, (F - 1) x its compute, is on every rank's step: on R as the extra compute itself
   (`train.straggler`), on the others as waiting for R inside the step's collectives (the wait
   `train.report_wait` predicts; Ho et al. 2013 §1). It is added once, whichever rank is priced.
+  R's own compute is priced at the share of the cores it gets while its peers wait for it
+  (`predict_straggler`, from the block timed alone on R beside the pooled rate).
 - Optimizer: the shard's parameters (`predict.optimizer_shard`) at the seconds per parameter the
   probe measured for `ShardedAdam.step` on shards of this rank's sizes and dtype (the norm's
   all-reduce, where ranks wait for each other, counts as communication).
@@ -37,12 +41,13 @@ changed during the run shows there.
 
 from __future__ import annotations
 
-from ..plan import flops
+from ..plan import flops, tensor_parallel
 from ..plan.pipeline_layout import stage_flops_per_token
 from ..plan.shapes import param_count
 from . import predict, report_zero
 from . import predict_pipeline as pipe
 from .config import TrainConfig
+from .predict_straggler import straggler_pass_seconds
 from .probe import call_key
 
 
@@ -57,6 +62,7 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     keys = [call_key(c, n, size, group) for group, _, calls in grouped for c, n, size, _ in calls]
     source = "in-run probe" if keys and all(k in probed for k in keys) else "alpha-beta-gamma model"
     out = {"exposed": 0.0, "in_compute": 0.0, "source": source}
+    tp_alone = 0.0
     for group, n, calls in grouped:
         for collective, count, size, times in calls:
             k = call_key(collective, count, size, group)
@@ -65,18 +71,36 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
             inside = group == "tp" or (predict.strategy(cfg).shard_params and collective == "all_gather")
             probed_inside = inside and source == "in-run probe"     # the model's total stays all exposed
             out["in_compute" if probed_inside else "exposed"] += times * seconds
+            tp_alone += times * seconds if probed_inside and group == "tp" else 0.0
+    if source == "in-run probe" and "tp_layer_comm_s" in rates:
+        out["in_compute"] += (tp_in_step_ratio(cfg, rates) - 1.0) * tp_alone
     return out
 
 
+def tp_in_step_ratio(cfg: TrainConfig, rates: dict) -> float:
+    """What a tp collective inside forward and backward costs in the step over what it costs timed
+    alone: a layer's collectives in the probe's tp pass (`probe_tp`, every group at once) over the
+    same collectives each timed alone. The embedding's, head's and loss's are the same rendezvous of
+    the same group, so they are priced at the layers' ratio."""
+    bsh = cfg.micro_batch * cfg.shape.seq * cfg.shape.hidden
+    alone = sum(k * rates["comm"][call_key(c, bsh, cfg.value_bytes, "tp")]
+                for _, c, k in tensor_parallel.layer_collectives(cfg.sequence_parallel, cfg.recompute))
+    return max(0.0, rates["tp_layer_comm_s"]) / alone if alone > 0 else 1.0
+
+
 def arithmetic_seconds(cfg: TrainConfig, world: int, rates: dict, rank: int = 0) -> float:
-    """`rank`'s FLOPs of one step at the probed rate (1/t of its stage's under tensor parallelism)."""
+    """`rank`'s FLOPs of one step at the probed rate (1/t of its stage's under tensor parallelism);
+    an injected straggler's from its rate alone and every rank's (`predict_straggler`)."""
     m = cfg.shape
     per_token = flops.step_flops_per_token(param_count(m).total, cfg.recompute, m)
     if cfg.pp > 1:                      # the stage's blocks, and the head on the last
         per_token = stage_flops_per_token(m, pipe.stage_of(cfg, world, rank), cfg.pp, cfg.virtual_stages,
                                           cfg.recompute)
-    tokens = cfg.micro_batch * cfg.grad_accum * m.seq
-    return per_token * tokens / cfg.tp / rates["flops"]      # tensor parallelism splits the FLOPs
+    work = per_token * cfg.micro_batch * cfg.grad_accum * m.seq / cfg.tp   # tp splits the FLOPs
+    together = work / rates["flops"]
+    if cfg.straggler is None or cfg.straggler[0] != rank or "alone_flops" not in rates:
+        return together
+    return straggler_pass_seconds(work / rates["alone_flops"], together, world, cfg.straggler[1])
 
 
 def straggler_seconds(cfg: TrainConfig, world: int, rates: dict, in_compute: float) -> float:
@@ -116,12 +140,6 @@ def unpriced(cfg: TrainConfig, world: int, cores: int) -> list[str]:
     Both are contention for the cores, which the probe cannot see: it times every rank's block at
     once, the run's own steady state, and that is what compute is priced at."""
     out = []
-    if cfg.straggler is not None and world > cores:
-        # Measured (2 and 4 ranks on 2 cores, dp and zero2, 3 runs each, straggler 1:2): the step
-        # within -8 to -20 % on 2 ranks, -40 to -51 % on 4, the straggler's compute as far below.
-        out.append(f"the straggler computes while its peers wait for it: with {world} ranks on {cores} cores it "
-                   "then has a core to itself and runs faster than the probe, which times every rank's block at "
-                   "once (measured -40 to -51 % on the step with 4 ranks on 2 cores)")
     if cfg.strategy == "zero3" and cfg.tp * cfg.pp == 1:
         # Measured: a layer's all-gather beside a block pass on the same cores took 2-4x as long as
         # alone, the pass 1.1-1.5x; compute +17 to +23 % (medians) in bf16, a third of that in fp32.

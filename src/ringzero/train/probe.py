@@ -16,6 +16,11 @@ steps do. Everything runs in the run's own precision, shapes and algorithms:
   activations hot in cache, and the rest of the model (embedding lookups, tied head, loss) is
   counted at 6 FLOPs per parameter, more than a lookup does. Timed interleaved on one rank at
   nano's shape, the model took -4 % to +9 % of what the block's rate predicts (fp32 and bf16).
+- An injected straggler's rank times the block once more while every other rank waits at a
+  barrier (`alone_flops`): it computes while they wait for it, with the cores to itself
+  (`predict_straggler`).
+- Under tensor parallelism the block is timed a second time split over the tp group with its
+  collectives (`probe_tp`): what a layer's collectives cost inside the step (`tp_layer_comm_s`).
 - Optimizer: `ShardedAdam.step` itself on synthetic shards of this rank's sizes and dtype (16-bit:
   the norm over 16-bit gradients, the chunked upcast, the fp32 master update and the write-back),
   at most `OPT_MAX_PARAMS` parameters, clipping when the run clips; seconds per parameter. Its norm
@@ -48,6 +53,7 @@ from ..parallel.recompute import apply_recompute
 from ..plan import flops
 from . import predict
 from .config import TrainConfig
+from .probe_tp import TPLayerPass
 
 PROBE_EVERY, MAX_POINTS = 10, 16
 """About one probe point per `PROBE_EVERY` steps, at least two (before the first step and after the
@@ -63,6 +69,9 @@ and so must the probe. With more ranks than cores, a pass shorter than the sched
 (nano, micro-batch 4: ~8 ms a pass) were predicted at their 2-rank speed, 59-64 % faster than they
 ran."""
 OPT_MAX_PARAMS = 2**22
+TP_REPS = 2
+"""Tensor-parallel passes per point (`probe_tp`), at least: a pass holds 8 rendezvous of its group
+(nano: 40-70 ms a pass beyond its arithmetic, 4 ranks on 2 cores), and one pass a point varied most."""
 
 
 def probe_steps(steps: int) -> list[int]:
@@ -106,6 +115,17 @@ def _seconds(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _pass_seconds(fn, reps: int = COMPUTE_REPS) -> float:
+    """Seconds per call of `fn` over at least `reps` calls back to back for `COMPUTE_WINDOW_S`."""
+    passes, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        passes += 1
+        elapsed = time.perf_counter() - t0
+        if passes >= reps and elapsed >= COMPUTE_WINDOW_S:
+            return elapsed / passes
 
 
 def _collective(name: str, elements: int, dt: torch.dtype, n: int, group, algorithm: str):
@@ -160,6 +180,8 @@ class Prober:
         self.opt = ShardedAdam(weights, AdamConfig(          # alone: the norm's all-reduce does not run
             lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip))
         self.calls = self._calls()
+        topo = strategy.topology
+        self.tp_pass = TPLayerPass(cfg, topo, self.dtype) if cfg.tp > 1 and dist.is_initialized() else None
         self.warm = False
 
     def _calls(self) -> dict[str, object]:
@@ -188,19 +210,15 @@ class Prober:
 
     def _block_rate(self) -> float:
         """FLOP/s of the block over passes back to back for `COMPUTE_WINDOW_S` (see there)."""
-        passes, t0 = 0, time.perf_counter()
-        while True:
-            self._pass()
-            passes += 1
-            elapsed = time.perf_counter() - t0
-            if passes >= COMPUTE_REPS and elapsed >= COMPUTE_WINDOW_S:
-                return self.work * passes / elapsed
+        return self.work / _pass_seconds(self._pass)
 
     def _warm_up(self) -> float:
         """First use of every probed path (autograd, checkpoint, kernels, the optimizer's state, the
         collectives' connections): seconds the run's first step would otherwise spend."""
         t0 = time.perf_counter()
         self._pass()
+        if self.tp_pass is not None:
+            self.tp_pass()
         self.opt.step(self.grads, divisor=self.divisor)
         for fn in self.calls.values():
             self.queue.submit(fn).result()
@@ -217,6 +235,13 @@ class Prober:
         if dist.is_initialized() and self.strategy.topology.world > 1:
             dist.barrier(everyone)
         rate = self._block_rate()
+        extra = {}
+        if self.tp_pass is not None:         # the tp groups' layers at once, their peers in step
+            dist.barrier(everyone)
+            extra["tp_layer_comm_s"] = _pass_seconds(self.tp_pass, TP_REPS) - self.work / rate
+        alone = self._straggler_alone(everyone)
+        if alone is not None:
+            extra["alone_flops"] = alone
         opt_s = _seconds(lambda: self.opt.step(self.grads, divisor=self.divisor), OPT_REPS) / self.opt_params
         timed = {}
         if self.calls:                 # together again: no rank's first call waits for a slower one
@@ -224,7 +249,19 @@ class Prober:
             timed = self.queue.submit(_time_calls, self.calls).result()
         self.queue.drain()
         return {"flops": rate, "optimizer_s_per_param": opt_s, "comm": timed,
-                "cost_s": time.perf_counter() - t0, "warmup_s": warmup}
+                "cost_s": time.perf_counter() - t0, "warmup_s": warmup, **extra}
+
+    def _straggler_alone(self, everyone) -> float | None:
+        """An injected straggler computes while its peers wait for it (`predict_straggler`), so on
+        its rank the block is timed a second time with every other rank held at a barrier: the
+        rate of a rank with the cores to itself. None on the other ranks and without a straggler."""
+        topo = self.strategy.topology
+        if self.cfg.straggler is None or not dist.is_initialized() or topo.world == 1:
+            return None
+        dist.barrier(everyone)
+        rate = self._block_rate() if topo.rank == self.cfg.straggler[0] else None
+        dist.barrier(everyone)
+        return rate
 
 
 def pooled_flops(points_by_rank: list[list[dict]], point: int | None = None) -> float:
@@ -243,6 +280,10 @@ def pooled_flops(points_by_rank: list[list[dict]], point: int | None = None) -> 
 def median_rates(points: list[dict]) -> dict:
     """The median of each rate over the probe points (a collective's seconds key by key)."""
     comm_keys = points[0]["comm"]
-    return {"flops": statistics.median(p["flops"] for p in points),
-            "optimizer_s_per_param": statistics.median(p["optimizer_s_per_param"] for p in points),
-            "comm": {k: statistics.median(p["comm"][k] for p in points) for k in comm_keys}}
+    out = {"flops": statistics.median(p["flops"] for p in points),
+           "optimizer_s_per_param": statistics.median(p["optimizer_s_per_param"] for p in points),
+           "comm": {k: statistics.median(p["comm"][k] for p in points) for k in comm_keys}}
+    for key in ("alone_flops", "tp_layer_comm_s"):
+        if all(key in p for p in points):
+            out[key] = statistics.median(p[key] for p in points)
+    return out
