@@ -1,4 +1,4 @@
-"""What offloading the optimizer costs per step, measured and predicted by `plan.offload`.
+"""What offloading the optimizer costs per step, measured and predicted by `plan.strategies.offload`.
 
 One fp32 shard of `--numel` elements (32M by default) is stepped by `ShardedAdam` (none), by the
 host-memory optimizer (cpu, ZeRO-Offload) and by the NVMe one (nvme, ZeRO-Infinity, its swap file
@@ -13,7 +13,7 @@ probes are interleaved round by round, so that a shared machine's drift hits all
 figure is the median over the rounds.
 
 Printed: the median step of each mode, the measured overhead of cpu and nvme over none beside
-`plan.offload.update_seconds`' prediction from the median rates (nvme: with each disk probe), and
+`plan.strategies.offload.update_seconds`' prediction from the median rates (nvme: with each disk probe), and
 the relative error (measured - predicted) / predicted. With direct I/O (the default) the swap file
 bypasses this machine's page cache, so the drive itself is measured; a virtual disk's host may
 still cache.
@@ -34,11 +34,11 @@ import torch
 
 from ringzero import outputs
 from ringzero.errors import UsageError
-from ringzero.parallel.nvme_swap import probe_disk
-from ringzero.parallel.offload import OffloadConfig, check_offload, offloaded_adam
+from ringzero.parallel.offload.nvme_swap import probe_disk
+from ringzero.parallel.offload.optimizer import OffloadConfig, check_offload, offloaded_adam
 from ringzero.parallel.optimizer import AdamConfig, adamw_
-from ringzero.plan import offload as plan
-from ringzero.plan.offload import DEFAULT_BUFFER_NUMEL, OffloadDevice, OffloadRates
+from ringzero.plan.strategies import offload as plan
+from ringzero.plan.strategies.offload import DEFAULT_BUFFER_NUMEL, OffloadDevice, OffloadRates
 from ringzero.train.offload_probe import interference
 
 MODES = [d.value for d in OffloadDevice]

@@ -1,9 +1,9 @@
-"""Speed of `ringzero.plan.search`: configurations evaluated per second, and the top 3.
+"""Speed of `ringzero.plan.search.space`: configurations evaluated per second, and the top 3.
 
 Runs the issue's reference search, llama-2-70b on 1,024 x a100-80gb (default space: DP x TP x PP x
 ZeRO 0-3 x micro-batch 1-16 x recomputation x sequence parallelism), and llama-2-7b on 64, each
 once "cold" (the first search of that model in this process: it also pays the one-off exact
-traffic of each distinct collective, `plan.comm_volume`, cached afterwards) and then `--repeat`
+traffic of each distinct collective, `plan.comm.volume`, cached afterwards) and then `--repeat`
 times "warm" (the best of them). Pure Python, single-threaded; on a shared 2-core machine the
 figures vary by tens of percent from run to run.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from ringzero.plan.config import Training
 from ringzero.plan.hardware import hardware
-from ringzero.plan.presets import model
-from ringzero.plan.search import label, search
+from ringzero.plan.model.presets import model
+from ringzero.plan.search.space import label, search
 
 CASES = (("llama-2-70b", "a100-80gb", 1024), ("llama-2-7b", "a100-80gb", 64))
 

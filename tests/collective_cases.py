@@ -138,7 +138,7 @@ def run_once(coll: str, algo: str, g, n: int, r: int, count: int, root: int) -> 
     """One call of `coll` with `algo` on ones of `count` elements per rank (the whole n-chunk buffer
     for the scattering collectives; `chunk_sizes(count, n)` per peer for all_to_all), root `root`:
     what the traffic tests meter."""
-    from ringzero.plan.chunks import chunk_sizes
+    from ringzero.plan.comm.chunks import chunk_sizes
     x = torch.ones(count)
     if coll == "all_reduce":
         comm.all_reduce(x, algorithm=algo, group=g)

@@ -16,8 +16,8 @@ import torch.distributed as dist
 
 from ringzero import comm
 from ringzero.comm.algorithms import butterfly, rabenseifner
-from ringzero.plan.chunks import bounds_from_sizes, chunk_bounds, chunk_sizes
-from ringzero.plan.comm_volume import Call, call_for, volume
+from ringzero.plan.comm.chunks import bounds_from_sizes, chunk_bounds, chunk_sizes
+from ringzero.plan.comm.volume import Call, call_for, volume
 from fake_comm import PostByExchange
 
 WORLDS = (1, 2, 3, 4, 5, 6, 7, 8)

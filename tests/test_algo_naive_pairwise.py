@@ -2,7 +2,7 @@
 
 Every case runs through the public API, is compared bit for bit with torch.distributed's own
 collective on the same group (small-integer inputs, so sums are exact even in bfloat16), and the
-traffic meter of every rank must equal `ringzero.plan.comm_volume.volume` exactly. All cases of one
+traffic meter of every rank must equal `ringzero.plan.comm.volume.volume` exactly. All cases of one
 world size run in a single `pool.run`; each rank returns its list of failures.
 """
 
@@ -12,9 +12,9 @@ import torch.distributed as dist
 
 from ringzero import comm
 from ringzero.comm import backend
-from ringzero.plan.schedules import scatter_schedule
-from ringzero.plan.chunks import SEGMENT_BYTES
-from ringzero.plan.comm_volume import Call, call_for, volume
+from ringzero.plan.comm.schedules import scatter_schedule
+from ringzero.plan.comm.chunks import SEGMENT_BYTES
+from ringzero.plan.comm.volume import Call, call_for, volume
 
 WORLDS = (1, 2, 3, 4, 5, 7, 8)
 DTYPES = (torch.float32, torch.bfloat16, torch.int64)

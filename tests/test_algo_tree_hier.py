@@ -16,8 +16,8 @@ from ringzero import comm
 from ringzero.comm import config
 from ringzero.comm.algorithms import hierarchical, ring, tree
 from ringzero.comm.subcomm import SubComm
-from ringzero.plan.chunks import bounds_from_sizes, chunk_bounds, chunk_sizes
-from ringzero.plan.comm_volume import Call, call_for, volume
+from ringzero.plan.comm.chunks import bounds_from_sizes, chunk_bounds, chunk_sizes
+from ringzero.plan.comm.volume import Call, call_for, volume
 from fake_comm import PostByExchange
 
 DTYPES = (torch.float32, torch.bfloat16, torch.int64)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from ringzero.comm import cost, registry, select
-from ringzero.plan.chunks import SEGMENT_BYTES
-from ringzero.plan.comm_volume import PIPELINED, call_for, volume, volumes
-from ringzero.plan.comm_volume import overlapped_bytes as ob
-from ringzero.plan.network import FEATURES, AlphaBetaGamma, predict
+from ringzero.plan.comm.chunks import SEGMENT_BYTES
+from ringzero.plan.comm.volume import PIPELINED, call_for, volume, volumes
+from ringzero.plan.comm.volume import overlapped_bytes as ob
+from ringzero.plan.comm.network import FEATURES, AlphaBetaGamma, predict
 
 KiB, MiB = 1 << 10, 1 << 20
 # A plain network on which the ring's only edge is its pipeline: per round 50 µs, 1 GB/s, 4 GB/s.

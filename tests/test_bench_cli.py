@@ -9,9 +9,9 @@ from ringzero import cli
 from ringzero.bench import comm as bench
 from ringzero.bench.comm_ranks import Cell, check, element_count
 from ringzero.comm import registry
-from ringzero.plan import links
-from ringzero.plan.algorithms import NODE_AWARE
-from ringzero.plan.comm_volume import call_for
+from ringzero.plan.comm import links
+from ringzero.plan.comm.algorithms import NODE_AWARE
+from ringzero.plan.comm.volume import call_for
 
 
 def _main(argv, capsys):

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from ringzero.comm import cost
-from ringzero.plan.comm_volume import call_for
-from ringzero.plan.network import AlphaBetaGamma, predict
+from ringzero.plan.comm.volume import call_for
+from ringzero.plan.comm.network import AlphaBetaGamma, predict
 
 KiB = 1 << 10
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from ringzero import cli
 from ringzero.checkpoint.load import Reader
 from ringzero.parallel.topology import Topology
-from ringzero.train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import Trainer, train_rank
 
 BASE = dict(model="nano", seq=16, eval_every=1000, eval_batches=1, max_bytes=1 << 15, warmup=2)

@@ -19,8 +19,8 @@ from ringzero.checkpoint.manifest import CheckpointError, read
 from ringzero.checkpoint.folders import crc32, foreign
 from ringzero.checkpoint.save import write
 from ringzero.checkpoint.verify import verify
-from ringzero.train import checkpoint_options
-from ringzero.train.config import TrainConfig
+from ringzero.run import checkpoint_options
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import train_rank
 
 BASE = dict(model="nano", seq=16, eval_every=1000, eval_batches=1, max_bytes=1 << 15, warmup=2, micro_batch=2)

@@ -13,7 +13,7 @@ import pytest
 
 from ringzero import cli
 from ringzero.commands import plan as plan_cmd
-from ringzero.train import footprint
+from ringzero.twin import footprint
 
 QUICK = ["--seq", "16", "--micro-batch", "1", "--max-bytes", "65536"]
 

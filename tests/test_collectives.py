@@ -19,7 +19,7 @@ from collective_cases import case
 from ringzero import comm
 from ringzero.comm.ops import Op
 from ringzero.comm.registry import TABLE
-from ringzero.plan.algorithms import NODE_AWARE, fits
+from ringzero.plan.comm.algorithms import NODE_AWARE, fits
 
 WORLDS = (1, 2, 3, 4, 8)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)

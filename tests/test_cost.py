@@ -7,9 +7,9 @@ import pytest
 
 from ringzero.comm import cost, registry, select
 from ringzero.comm.config import configure
-from ringzero.plan.algorithms import NODE_AWARE, fits
-from ringzero.plan.comm_volume import call_for
-from ringzero.plan.network import DEFAULT, FEATURES, TEXTBOOK, AlphaBetaGamma, predict
+from ringzero.plan.comm.algorithms import NODE_AWARE, fits
+from ringzero.plan.comm.volume import call_for
+from ringzero.plan.comm.network import DEFAULT, FEATURES, TEXTBOOK, AlphaBetaGamma, predict
 
 KiB, MiB = 1 << 10, 1 << 20
 

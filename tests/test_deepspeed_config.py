@@ -17,10 +17,10 @@ import pytest
 
 from ringzero import cli
 from ringzero.commands import train as train_cmd
-from ringzero.train import deepspeed_keys as keys
-from ringzero.train.config import FieldError, TrainConfig
-from ringzero.train.deepspeed import from_deepspeed
-from ringzero.train.precision_options import DEEPSPEED, LossScalerConfig
+from ringzero.run.deepspeed import keys
+from ringzero.run.config import FieldError, TrainConfig
+from ringzero.run.deepspeed.reader import from_deepspeed
+from ringzero.run.precision_options import DEEPSPEED, LossScalerConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "deepspeed"
 DOCS = Path(__file__).parent.parent / "docs" / "deepspeed.md"

@@ -14,8 +14,8 @@ from ringzero.comm import symbolic
 from ringzero.comm.explain import explain, normalize
 from ringzero.comm.registry import TABLE
 from ringzero.comm.symbolic import JUNK, Sym, SymbolicError, combine, fmt
-from ringzero.plan.algorithms import NODE_AWARE, fits
-from ringzero.plan.comm_volume import call_for, volume
+from ringzero.plan.comm.algorithms import NODE_AWARE, fits
+from ringzero.plan.comm.volume import call_for, volume
 
 PAIRS = [(c, a) for c, algs in TABLE.items() for a in algs]
 WORLDS = (1, 2, 3, 4, 5, 8, 16)

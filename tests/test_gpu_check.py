@@ -192,7 +192,7 @@ def test_the_nccl_comparison_runs_on_gloo_ranks_checks_every_algorithm_and_write
     report = pool.run(nccl_comm.measure, job, world=2)[0]
     assert report["backend"] == "gloo" and report["world"] == 2 and report["complete"]
     from ringzero.comm import registry
-    from ringzero.plan.algorithms import spans_nodes_ok
+    from ringzero.plan.comm.algorithms import spans_nodes_ok
     for c in job.collectives:                 # the node-aware ones only where a group spans nodes
         want = [a for a in registry.algorithms(c) if spans_nodes_ok(a, 2, None)]
         assert len(want) > 1 and [r["algorithm"] for r in report["rows"] if r["collective"] == c] == [*want, "torch"]

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringzero import cli
-from ringzero.plan import pipeline
+from ringzero.plan.pipeline import schedule as pipeline
 from ringzero.train import data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,7 +107,7 @@ def test_train_refuses_a_fifo_before_any_rank_and_without_torch(tmp_path):
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 80), st.data())
 def test_the_even_partition_is_the_programmes_cut(layers, draw):
-    from ringzero.plan.pipeline_layout import even_partition
+    from ringzero.plan.pipeline.layout import even_partition
     chunks = draw.draw(st.integers(1, layers))
     cost, last = draw.draw(st.integers(1, 50)), draw.draw(st.integers(0, 400))
     assert even_partition(layers, chunks, float(cost), float(last)) == \
@@ -126,8 +126,10 @@ def test_the_deepest_model_on_a_billion_gpus_is_refused_in_one_line():
 def test_the_python_api_refuses_past_the_limits_and_answers_at_them():
     """recommend and search refuse 10,000 layers (they never answered); at the limits (1,024 layers,
     10⁹ GPUs) the recommendation's pipeline cut is cheap."""
-    from ringzero.plan import Training, hardware, recommend, search
-    from ringzero.plan.shapes import ModelShape
+    from ringzero.plan import Training, hardware
+    from ringzero.plan.search import recommend
+    from ringzero.plan.search import space as search
+    from ringzero.plan.model.shapes import ModelShape
     hw = hardware("a100-80gb")
     deep = ModelShape(layers=10000, hidden=65536, heads=512, vocab=50257, seq=2048)
     for fn in (recommend, search):
@@ -158,7 +160,7 @@ def test_extreme_plans_answer_or_refuse_in_one_line(layers, gpus, pp, batch, sea
 # 3. The checks before any rank import no torch.
 
 def test_a_bad_train_config_imports_no_torch():
-    code = ("import sys\nfrom ringzero.train.config import FieldError, TrainConfig\n"
+    code = ("import sys\nfrom ringzero.run.config import FieldError, TrainConfig\n"
             "try:\n    TrainConfig(steps=0)\nexcept FieldError as e:\n    print(e.field)\n"
             "TrainConfig(max_nonfinite=2, inject_nonfinite=(0, 1), steps=3)\n"
             "print('torch' in sys.modules)\n")

@@ -1,8 +1,8 @@
-"""Emulated nodes: the meter's cross-node bytes equal `plan.links`, and the link emulator delays.
+"""Emulated nodes: the meter's cross-node bytes equal `plan.comm.links`, and the link emulator delays.
 
-Nodes are `ranks_per_node` consecutive global ranks. For every algorithm `plan.links` models, on
+Nodes are `ranks_per_node` consecutive global ranks. For every algorithm `plan.comm.links` models, on
 prefix groups and on sub-groups whose global ranks are not 0..n-1, every rank's
-cross_node_bytes_sent/recv measured by `TrafficMeter` equal `plan.links.cross_node_bytes`, and the
+cross_node_bytes_sent/recv measured by `TrafficMeter` equal `plan.comm.links.cross_node_bytes`, and the
 bytes the emulator held back are exactly the cross-node bytes sent. The emulator's delay is checked
 as a lower bound only (a sleep never ends early), together with the CPU it costs (none: it sleeps).
 """
@@ -18,9 +18,9 @@ import torch.distributed as dist
 from ringzero import comm
 from ringzero.comm import link_emulator, point_to_point
 from ringzero.comm.config import CommConfig
-from ringzero.plan import links
-from ringzero.plan.algorithms import ALGORITHMS, NODE_AWARE, fits
-from ringzero.plan.comm_volume import ROOTED, call_for, volume
+from ringzero.plan.comm import links
+from ringzero.plan.comm.algorithms import ALGORITHMS, NODE_AWARE, fits
+from ringzero.plan.comm.volume import ROOTED, call_for, volume
 
 from collective_cases import run_once
 
@@ -203,7 +203,7 @@ def test_emulator_holds_back_exactly_the_cross_node_bytes(pool):
 
 
 def test_messages_add_up_to_the_volume_formulas():
-    """`plan.links` lists the very messages `plan.comm_volume` counts (bytes and wire messages)."""
+    """`plan.comm.links` lists the very messages `plan.comm.volume` counts (bytes and wire messages)."""
     for coll, algo in CASES:
         for n in (2, 3, 4, 5, 8):
             for count in (1, 7, 300_007):

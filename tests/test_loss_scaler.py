@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from ringzero.parallel.precision import LossScaler
 from ringzero.train.checkpointing import _scaler
-from ringzero.train.config import TrainConfig
-from ringzero.train.precision_options import LossScalerConfig
+from ringzero.run.config import TrainConfig
+from ringzero.run.precision_options import LossScalerConfig
 
 
 def _scales(scaler: LossScaler, overflows: str) -> list[float]:

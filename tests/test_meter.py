@@ -2,7 +2,7 @@
 
 Per rank, for every (collective, algorithm), world size and root, bytes sent and
 received, messages, rounds and bytes reduced measured by `TrafficMeter` equal
-`ringzero.plan.comm_volume.volume` exactly, including counts not divisible by the world size.
+`ringzero.plan.comm.volume.volume` exactly, including counts not divisible by the world size.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 import torch.distributed as dist
 
 from ringzero import comm
-from ringzero.plan.comm_volume import Volume, call_for, volume
+from ringzero.plan.comm.volume import Volume, call_for, volume
 from ringzero.comm.registry import TABLE
-from ringzero.plan.algorithms import NODE_AWARE, fits
+from ringzero.plan.comm.algorithms import NODE_AWARE, fits
 
 from collective_cases import run_once
 

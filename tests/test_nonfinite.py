@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ringzero import cli
-from ringzero.train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import train_rank
 
 BASE = dict(model="nano", seq=16, micro_batch=2, eval_every=1000, eval_batches=1, max_bytes=1 << 15, steps=5)

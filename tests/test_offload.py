@@ -1,7 +1,7 @@
 """ZeRO-Offload (cpu) and ZeRO-Infinity (nvme) for the optimizer: bit-for-bit the same steps as
 `ShardedAdam` (fp32, bf16, fp16 with an overflow; clipping; several buckets; shards that are not a
 multiple of the chunk), bytes by location and bytes read and written per step equal to
-`plan.offload`'s formulas, the swap pipeline's time model, one-line errors for bad configurations,
+`plan.strategies.offload`'s formulas, the swap pipeline's time model, one-line errors for bad configurations,
 and swap files that do not outlive the optimizer."""
 
 import os
@@ -11,13 +11,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringzero.parallel.nvme_swap import probe_disk
-from ringzero.parallel.offload import (CpuOffloadAdam, NvmeOffloadAdam, OffloadConfig, check_directory,
+from ringzero.parallel.offload.nvme_swap import probe_disk
+from ringzero.parallel.offload.optimizer import (CpuOffloadAdam, NvmeOffloadAdam, OffloadConfig, check_directory,
                                        check_offload, offloaded_adam)
-from ringzero.parallel.offload_params import ParamStore
+from ringzero.parallel.offload.params import ParamStore
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
-from ringzero.plan import offload as plan
-from ringzero.plan.offload import ALIGN_NUMEL, OffloadDevice, OffloadRates
+from ringzero.plan.strategies import offload as plan
+from ringzero.plan.strategies.offload import ALIGN_NUMEL, OffloadDevice, OffloadRates
 
 SIZES = [5000, 3001, 12345]
 """Three buckets; with 2048-element chunks none is a multiple of the chunk."""
@@ -239,7 +239,7 @@ def test_a_read_only_nvme_path_is_a_one_line_error(tmp_path, monkeypatch):
     if os.geteuid() == 0:            # root writes anywhere: refuse as a read-only mount would
         def refuse(*args, **kw):
             raise PermissionError(13, "Permission denied")
-        monkeypatch.setattr("ringzero.parallel.offload.tempfile.mkstemp", refuse)
+        monkeypatch.setattr("ringzero.parallel.offload.optimizer.tempfile.mkstemp", refuse)
     try:
         assert "is not writable (Permission denied)" in one_line_error(check_offload, config, 0, 0)
     finally:
@@ -335,7 +335,7 @@ def test_cpu_update_time_is_the_coarse_planners_offload_term_and_devices_are_its
     (PCIe both ways plus host Adam); nvme differs on purpose (its I/O overlaps the update here)."""
     from ringzero.plan import Parallel, Training, hardware, model, param_count
     from ringzero.plan.config import OFFLOADS
-    from ringzero.plan.memory import model_parallel_params
+    from ringzero.plan.strategies.memory import model_parallel_params
     from ringzero.plan.step_time import offload_seconds
     m, tr, hw = model("gpt2"), Training(precision="bf16"), hardware("a100-80gb")
     shard = -(-model_parallel_params(param_count(m).total) // 8)

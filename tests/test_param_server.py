@@ -10,11 +10,12 @@ import pytest
 import torch.distributed as dist
 
 from ringzero import cli, launch
-from ringzero.parallel import ps_client, ps_server
-from ringzero.plan.param_server import comm_seconds
-from ringzero.train.config import TrainConfig
+from ringzero.parallel.ps import client as ps_client
+from ringzero.parallel.ps import server as ps_server
+from ringzero.plan.strategies.param_server import comm_seconds
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import train_rank
-from ringzero.train.report_ps import twins, waits
+from ringzero.twin.ps import twins, waits
 
 from cli_errors import train_fails
 
@@ -175,7 +176,7 @@ def test_bench_ps_time_to_target():
 def test_the_step_over_an_emulated_link_is_predicted(pool):
     """Sync, 2 workers and 1 server, every rank its own node on a 0.01 GB/s link: the step is the
     slowest compute, the server's two pulls one after the other, the last push, and the update
-    (`plan.param_server.comm_seconds` "staggered"), within 15 %; the link time dominates it."""
+    (`plan.strategies.param_server.comm_seconds` "staggered"), within 15 %; the link time dominates it."""
     cfg = TrainConfig(strategy="ps", servers=1, steps=6, ranks_per_node=1, emulate_inter_node=(0.01, 5.0), **BASE)
     ps = pool.run(_train, cfg, False, world=3)
     (row,) = [t for t in twins(cfg, 3, ps) if t.name.startswith("step over")]

@@ -6,8 +6,8 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from ringzero.plan import pipeline
-from ringzero.train.pipeline_plot import plot
+from ringzero.plan.pipeline import schedule as pipeline
+from ringzero.twin.pipeline_plot import plot
 
 
 def _timeline(pp, m, schedule, v=1):

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from ringzero.parallel.pipeline import apply_pipeline
+from ringzero.parallel.pp.pipeline import apply_pipeline
 from ringzero.parallel.stages import ShardingConfig
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.topology import Topology

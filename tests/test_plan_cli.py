@@ -7,9 +7,9 @@ import pytest
 
 from ringzero import cli
 from ringzero.commands import plan as plan_cmd
-from ringzero.plan import compare
+from ringzero.plan.strategies import compare
 from ringzero.plan.config import Parallel, Training
-from ringzero.plan.presets import MODELS, TRAINED_TOKENS
+from ringzero.plan.model.presets import MODELS, TRAINED_TOKENS
 
 SPEC = ["plan", "--model", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb", "--zero", "3"]
 CUSTOM = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128"]

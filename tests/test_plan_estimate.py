@@ -9,9 +9,9 @@ import pytest
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.estimate import SCHEMA, estimate, to_dict
 from ringzero.plan.hardware import Hardware, hardware
-from ringzero.plan.presets import MODELS, TRAINED_TOKENS, model
-from ringzero.plan.shapes import ModelShape, param_count
-from ringzero.plan.strategy_comm import KINDS
+from ringzero.plan.model.presets import MODELS, TRAINED_TOKENS, model
+from ringzero.plan.model.shapes import ModelShape, param_count
+from ringzero.plan.strategies.traffic import KINDS
 
 A100 = hardware("a100-80gb")
 
@@ -113,7 +113,7 @@ def test_bad_input_is_one_clear_line(make, message):
 
 
 def test_recommendation_follows_the_seed_flow():
-    from ringzero.plan.recommend import recommend
+    from ringzero.plan.search.recommend import recommend
     small = recommend(model("gpt2"), Training(), A100, 8)
     assert small.parallel == Parallel(dp=8, recompute="selective") and small.steps[0][1] == "yes"
     mid = recommend(model("llama-2-7b"), Training(), A100, 8)         # optimizer-dominated -> ZeRO

@@ -6,14 +6,14 @@ import dataclasses
 
 import pytest
 
-from ringzero.plan import flops
-from ringzero.plan.compute import layer_seconds
+from ringzero.plan.model import flops
+from ringzero.plan.model.compute import layer_seconds
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.estimate import estimate
 from ringzero.plan.hardware import hardware
-from ringzero.plan.presets import model
+from ringzero.plan.model.presets import model
 from ringzero.plan.published import CASES, fidelity, summary
-from ringzero.plan.shapes import param_count
+from ringzero.plan.model.shapes import param_count
 from ringzero.plan.step_time import compute_seconds, stage_seconds, step_time
 
 A100 = hardware("a100-80gb")
@@ -100,9 +100,9 @@ def test_uneven_pipeline_is_timed_on_its_busiest_stage():
 
 
 def test_the_timed_matmuls_are_the_counted_flops():
-    """`plan.compute`'s forward matmuls of one block, x3 with backward, are `flops.layer_flops_per_token`
+    """`plan.model.compute`'s forward matmuls of one block, x3 with backward, are `flops.layer_flops_per_token`
     (6 per weight plus the attention matmuls) up to the biases and norms the count also holds."""
-    from ringzero.plan.compute import layer_gemms
+    from ringzero.plan.model.compute import layer_gemms
     for m in (LLAMA7, model("gpt3-175b"), model("llama-2-70b")):
         gemms, _ = layer_gemms(m, 1, 1)
         timed = 3 * sum(2 * mm * n * k * batch for mm, n, k, batch in gemms) / m.seq

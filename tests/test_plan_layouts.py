@@ -12,16 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringzero.plan import activations as act
-from ringzero.plan import layout_check, pipeline, tensor_parallel
+from ringzero.plan.model import activations as act
+from ringzero.plan.search import layout_check
+from ringzero.plan.pipeline import schedule as pipeline
+from ringzero.plan.strategies import tensor_parallel
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.estimate import estimate
 from ringzero.plan.hardware import hardware
-from ringzero.plan.memory import buffer_bytes, memory, model_states, state_bytes
-from ringzero.plan.pipeline_layout import chunk_layers, memory_candidates, stage_params
-from ringzero.plan.presets import ALIASES, MODELS, RECIPES, model, recipe
-from ringzero.plan.shapes import ModelShape
-from ringzero.plan.strategy_comm import pipeline_ops, tensor_parallel_ops
+from ringzero.plan.strategies.memory import buffer_bytes, memory, model_states, state_bytes
+from ringzero.plan.pipeline.layout import chunk_layers, memory_candidates, stage_params
+from ringzero.plan.model.presets import ALIASES, MODELS, RECIPES, model, recipe
+from ringzero.plan.model.shapes import ModelShape
+from ringzero.plan.strategies.traffic import pipeline_ops, tensor_parallel_ops
 
 GPT3, LLAMA7, LLAMA70 = model("gpt3-175b"), model("llama-2-7b"), model("llama-2-70b")
 A100 = hardware("a100-80gb")
@@ -59,8 +61,8 @@ def test_gpt3_tensor_parallel_bytes_under_full_recomputation():
 
 
 def test_engine_plans_with_its_own_replay():
-    from ringzero.train import predict
-    from ringzero.train.config import TrainConfig
+    from ringzero.twin import predict
+    from ringzero.run.config import TrainConfig
     _, _, par = predict.plan_inputs(TrainConfig(tp=2, recompute="full"), 2)
     assert par.recompute_replay == "early-stop" and Parallel().recompute_replay == "whole"
 

@@ -1,4 +1,4 @@
-"""The parameter server's planner formulas (`plan.param_server`): key ranges, incast, α-β step time,
+"""The parameter server's planner formulas (`plan.strategies.param_server`): key ranges, incast, α-β step time,
 straggler waits, consistency bounds and their validation, checked by hand and with hypothesis."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ringzero.plan import param_server as ps
-from ringzero.plan.param_server import PSConfig
+from ringzero.plan.strategies import param_server as ps
+from ringzero.plan.strategies.param_server import PSConfig
 
 NUMEL = st.integers(min_value=0, max_value=10**12)
 SERVERS = st.integers(min_value=1, max_value=512)
@@ -101,8 +101,8 @@ def test_a_plan_as_a_parameter_server():
     from ringzero.plan.estimate import estimate
     from ringzero.plan.config import Parallel, Training
     from ringzero.plan.hardware import hardware
-    from ringzero.plan.presets import model
-    from ringzero.plan.ps_plan import ps_plan
+    from ringzero.plan.model.presets import model
+    from ringzero.plan.strategies.ps_plan import ps_plan
     e = estimate(model("gpt2-xl"), Training(), Parallel(dp=8), hardware("a100-80gb"))
     p = ps_plan(e, 2)
     n, hw = e.params.total, e.hardware

@@ -13,16 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringzero import cli
-from ringzero.plan import activations as act
-from ringzero.plan import pipeline
+from ringzero.plan.model import activations as act
+from ringzero.plan.pipeline import schedule as pipeline
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.estimate import estimate
 from ringzero.plan.hardware import hardware
-from ringzero.plan.memory import buffer_bytes, memory
-from ringzero.plan.presets import model
-from ringzero.plan.recommend import engine_layout, engine_runs
-from ringzero.plan.search import Space, search
-from ringzero.plan.strategy_comm import pipeline_ops
+from ringzero.plan.strategies.memory import buffer_bytes, memory
+from ringzero.plan.model.presets import model
+from ringzero.plan.search.recommend import engine_layout, engine_runs
+from ringzero.plan.search.space import Space, search
+from ringzero.plan.strategies.traffic import pipeline_ops
 
 LLAMA7, NANO, H100 = model("llama-2-7b"), model("nano"), hardware("h100-sxm")
 
@@ -179,7 +179,7 @@ def test_engine_layout_keeps_zero_2_and_3_off_pipelines():
 
 def test_interleaved_with_one_chunk_is_1f1b():
     """v = 1 leaves nothing to interleave: the same actions as 1F1B on every stage."""
-    from ringzero.plan import pipeline
+    from ringzero.plan.pipeline import schedule as pipeline
     for p in (2, 3, 4):
         for m in (p, 2 * p):
             for i in range(p):
@@ -190,7 +190,7 @@ def test_messages_and_held_bytes_follow_the_actions():
     """A middle stage of 1F1B receives and sends one activation and one gradient per micro-batch; the
     first sends no gradient, the last no activation; under interleaving every chunk boundary is
     crossed (v per micro-batch each way, minus the model's two ends). Held bytes weight each chunk."""
-    from ringzero.plan import pipeline
+    from ringzero.plan.pipeline import schedule as pipeline
     m = 5
     n = [pipeline.messages(i, 3, m, "1f1b") for i in range(3)]
     assert n[1] == dict(activations_sent=m, activations_received=m, gradients_sent=m, gradients_received=m)

@@ -6,11 +6,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringzero.plan import activations as act
-from ringzero.plan.comm_volume import call_for, volume
+from ringzero.plan.model import activations as act
+from ringzero.plan.comm.volume import call_for, volume
 from ringzero.plan.config import OPTIMIZERS, PRECISIONS, Parallel, Training
-from ringzero.plan.memory import memory, model_states, state_bytes
-from ringzero.plan.shapes import ModelShape
+from ringzero.plan.strategies.memory import memory, model_states, state_bytes
+from ringzero.plan.model.shapes import ModelShape
 
 PARAMS = st.integers(min_value=1, max_value=10**12)
 WORLD = st.integers(min_value=1, max_value=4096)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from ringzero import cli
-from ringzero.plan import chunks, comm_volume
-from ringzero.plan.algorithms import fits
-from ringzero.plan.comm_volume import MODULES, busiest, call_for, volume
+from ringzero.plan.comm import chunks
+from ringzero.plan.comm import volume as comm_volume
+from ringzero.plan.comm.algorithms import fits
+from ringzero.plan.comm.volume import MODULES, busiest, call_for, volume
 
 LIMIT = 10_000
 """Longest per-rank list a plan may build (the real ones hold a node or the layers)."""

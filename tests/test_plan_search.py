@@ -1,4 +1,4 @@
-"""`ringzero.plan.search`: what it enumerates, that everything it returns fits and is ranked, that
+"""`ringzero.plan.search.space`: what it enumerates, that everything it returns fits and is ranked, that
 its fast path gives `estimate()`'s numbers exactly, and its errors. Pure Python, no timing asserts."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.estimate import estimate, to_dict
 from ringzero.plan.hardware import Hardware, hardware
-from ringzero.plan.presets import model
-from ringzero.plan.search import TIE_RTOL, Space, _configurations, _evaluate, label, search
-from ringzero.plan.shapes import ModelShape
+from ringzero.plan.model.presets import model
+from ringzero.plan.search.space import TIE_RTOL, Space, _configurations, _evaluate, label, search
+from ringzero.plan.model.shapes import ModelShape
 
 SMALL = Space(micro_batches=(1, 2, 4), offload=("none", "cpu", "nvme"), schedules=("1f1b", "gpipe"))
 

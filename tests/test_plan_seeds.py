@@ -15,15 +15,15 @@ from dataclasses import replace
 
 import pytest
 
-from ringzero.plan import activations as act
-from ringzero.plan import flops
-from ringzero.plan.comm_volume import call_for, volume
+from ringzero.plan.model import activations as act
+from ringzero.plan.model import flops
+from ringzero.plan.comm.volume import call_for, volume
 from ringzero.plan.config import Parallel, Training
-from ringzero.plan.memory import model_states, state_bytes, zero_formula
-from ringzero.plan.presets import model
-from ringzero.plan.shapes import approx_params, param_count
+from ringzero.plan.strategies.memory import model_states, state_bytes, zero_formula
+from ringzero.plan.model.presets import model
+from ringzero.plan.model.shapes import approx_params, param_count
 from ringzero.plan.step_time import transfer_seconds
-from ringzero.plan.strategy_comm import (data_parallel_ops, pipeline_ops, seed_dp_bytes, seed_pp_bytes,
+from ringzero.plan.strategies.traffic import (data_parallel_ops, pipeline_ops, seed_dp_bytes, seed_pp_bytes,
                                          seed_tp_bytes_per_layer, tensor_parallel_ops)
 
 GB, MiB, GiB = 1e9, 2**20, 2**30

@@ -7,9 +7,9 @@ import random
 
 from ringzero.plan.config import Training
 from ringzero.plan.hardware import hardware
-from ringzero.plan.presets import model
+from ringzero.plan.model.presets import model
 
-search_mod = importlib.import_module("ringzero.plan.search")   # the package re-exports the function
+search_mod = importlib.import_module("ringzero.plan.search.space")   # the package re-exports the function
 GB = 10**9
 
 

@@ -10,9 +10,9 @@ import math
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from ringzero.plan.chunks import chunk_sizes
-from ringzero.plan.algorithms import fits
-from ringzero.plan.comm_volume import MODULES, call_for, volume, volumes
+from ringzero.plan.comm.chunks import chunk_sizes
+from ringzero.plan.comm.algorithms import fits
+from ringzero.plan.comm.volume import MODULES, call_for, volume, volumes
 
 GB = 10**9
 

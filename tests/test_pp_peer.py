@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ringzero.bench import pp_peer
-from ringzero.train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
 from ringzero.train.model import GPT
 

@@ -1,4 +1,4 @@
-"""The straggler's compute on ranks that share cores (`train.predict_straggler`): the closed-form
+"""The straggler's compute on ranks that share cores (`twin.straggler`): the closed-form
 steady state against the step-by-step play of the same fluid model, its limits, and where the step
 prediction uses it (the straggler's rank, with its rate alone probed)."""
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringzero.train import predict_step
-from ringzero.train.config import TrainConfig
-from ringzero.train.predict_straggler import straggler_pass_seconds
+from ringzero.twin import step as predict_step
+from ringzero.run.config import TrainConfig
+from ringzero.twin.straggler import straggler_pass_seconds
 
 BASE = dict(model="nano", seq=32, micro_batch=2, eval_every=1000, eval_batches=1, max_bytes=1 << 16)
 

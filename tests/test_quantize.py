@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringzero.parallel.quantize import dequantize, quantize
-from ringzero.plan import quantization as plan
+from ringzero.plan.strategies import quantization as plan
 
 
 @settings(max_examples=60, deadline=None)

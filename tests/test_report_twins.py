@@ -4,7 +4,7 @@
   the step (its own row for the straggler's extra compute, "rest of the step" for the remainder);
 - the table of ranks' "exposed communication" is the twin table's, under tensor parallelism too;
 - the cross-node byte twins appear with `--comm-algorithm auto` on emulated nodes, whatever it picks
-  (`plan.links` models the trees and the recursive algorithms);
+  (`plan.comm.links` models the trees and the recursive algorithms);
 - every JSON report (the parameter server's too) opens with the same schema, losses with their
   first step, and validation losses as [{"step", "loss"}]; tokens/s counts this run's steps only;
 - the validation loss is compared with a uniform guess over the model's vocabulary;
@@ -20,10 +20,13 @@ from rich.console import Console
 
 from ringzero import cli
 from ringzero.comm.flight import CallRecord, Timeline
-from ringzero.plan import links
-from ringzero.plan.algorithms import ALGORITHMS
-from ringzero.train import predict_step, report, report_wait, report_zero
-from ringzero.train.config import TrainConfig
+from ringzero.plan.comm import links
+from ringzero.plan.comm.algorithms import ALGORITHMS
+from ringzero.twin import step as predict_step
+from ringzero.twin import report
+from ringzero.twin import wait as report_wait
+from ringzero.twin import zero as report_zero
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import RankResult, train_rank
 
 from test_links import _prefix, _flatten
@@ -219,8 +222,8 @@ def test_layout_auto_says_what_it_planned_for_and_the_runner_up(capsys):
 def test_the_report_names_the_terms_it_does_not_price():
     """Contention for cores the probe cannot see: ZeRO-3's gathers beside compute; none for plain
     dp, and none for a straggler (priced at its share of the cores: `predict_straggler`)."""
-    from ringzero.train.config import TrainConfig
-    from ringzero.train.predict_step import unpriced
+    from ringzero.run.config import TrainConfig
+    from ringzero.twin.step import unpriced
     assert unpriced(TrainConfig(strategy="dp", straggler=(1, 2.0)), 4, 2) == []
     (line,) = unpriced(TrainConfig(strategy="zero3"), 2, 2)
     assert "all-gathers" in line

@@ -1,14 +1,14 @@
 """An injected straggler in an all-reduce run: the others wait for it inside the step's collectives
-as `train.report_wait` predicts (the slowest compute minus their own), and nobody waits on it
+as `twin.wait` predicts (the slowest compute minus their own), and nobody waits on it
 longer than that; the straggler itself waits for nobody."""
 
 from __future__ import annotations
 
 import pytest
 
-from ringzero.train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import train_rank
-from ringzero.train.report_wait import render, twins, waits
+from ringzero.twin.wait import render, twins, waits
 
 BASE = dict(model="nano", seq=32, micro_batch=2, eval_every=1000, eval_batches=1, max_bytes=1 << 16, steps=6)
 

@@ -1,4 +1,4 @@
-"""The swap loop's time model with cores shared by the I/O and the update (`plan.swap_pipeline`),
+"""The swap loop's time model with cores shared by the I/O and the update (`plan.strategies.swap_pipeline`),
 and the probe that measures how much they slow each other down."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringzero.parallel.offload import NvmeOffloadAdam, OffloadConfig
+from ringzero.parallel.offload.optimizer import NvmeOffloadAdam, OffloadConfig
 from ringzero.parallel.optimizer import AdamConfig
-from ringzero.plan.swap_pipeline import io_queue, swap_seconds
+from ringzero.plan.strategies.swap_pipeline import io_queue, swap_seconds
 from ringzero.train.offload_probe import interference, measure
 
 times = st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5]), min_size=0, max_size=8)

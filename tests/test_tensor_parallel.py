@@ -17,13 +17,13 @@ from torch.utils.checkpoint import checkpoint
 
 from ringzero import comm
 from ringzero.parallel.recompute import Checkpointed
-from ringzero.parallel.rng import RNGFork, RNGTracker
-from ringzero.parallel.tensor_parallel import apply_tensor_parallel
-from ringzero.parallel.tp_grads import TPParamKind, sync_sequence_parallel_grads, tp_param_kind, unshard
+from ringzero.parallel.tp.rng import RNGFork, RNGTracker
+from ringzero.parallel.tp.tensor_parallel import apply_tensor_parallel
+from ringzero.parallel.tp.grads import TPParamKind, sync_sequence_parallel_grads, tp_param_kind, unshard
 from ringzero.parallel.topology import Topology
-from ringzero.plan.comm_volume import call_for, volume
+from ringzero.plan.comm.volume import call_for, volume
 from ringzero.plan.placement import Placement
-from ringzero.plan.shapes import ModelShape
+from ringzero.plan.model.shapes import ModelShape
 from ringzero.train.model import GPT
 
 SHAPE = ModelShape(layers=2, hidden=16, heads=4, vocab=37, seq=8)
@@ -166,7 +166,7 @@ def _metered(group, tp, sp):
 
 
 def expected_tp_calls(shape: ModelShape, b: int, t: int, sp: bool) -> dict[str, list[int]]:
-    """Collective -> element counts (whole buffers, as `plan.comm_volume.call_for` takes them) of one
+    """Collective -> element counts (whole buffers, as `plan.comm.volume.call_for` takes them) of one
     forward + backward of the GPT split over t ranks.
 
     Per layer: without SP, four all-reduces of b·s·h (g after attention and after the MLP in forward,
@@ -299,8 +299,8 @@ def test_plan_none_needs_the_gpt():
 def _block_pass(group, sp, recompute):
     """A block split with `split_block`: its output against the whole block's, and the collectives
     of one forward and backward (`probe_tp.TPLayerPass`, the probe's tp pass)."""
-    from ringzero.parallel.tensor_parallel import split_block
-    from ringzero.train.config import TrainConfig
+    from ringzero.parallel.tp.tensor_parallel import split_block
+    from ringzero.run.config import TrainConfig
     from ringzero.train.model import Block
     from ringzero.train.probe_tp import TPLayerPass
     topo = Topology.build(Placement.for_world(2, tp=2), group)
@@ -326,8 +326,8 @@ def _block_pass(group, sp, recompute):
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp+sp"])
 def test_a_split_block_is_the_layer_the_step_runs(pool, sp, recompute):
     """Its output is the whole block's (this rank's sequence shard under SP), and one pass makes the
-    collectives `plan.tensor_parallel.layer_collectives` counts for a layer of the step."""
-    from ringzero.plan.tensor_parallel import layer_collectives
+    collectives `plan.strategies.tensor_parallel.layer_collectives` counts for a layer of the step."""
+    from ringzero.plan.strategies.tensor_parallel import layer_collectives
     want = {f"{c}/ring": k for _, c, k in layer_collectives(sp, recompute)}
     for same, calls in pool.run(_block_pass, sp, recompute, world=2):
         assert same

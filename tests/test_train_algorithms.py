@@ -13,8 +13,9 @@ import math
 import pytest
 
 from ringzero.comm import registry
-from ringzero.train import predict, report
-from ringzero.train.config import TrainConfig
+from ringzero.twin import predict
+from ringzero.twin import report
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import train_rank
 
 OFFERED = registry.SPECIAL + registry.algorithms("all_reduce")

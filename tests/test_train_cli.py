@@ -13,8 +13,8 @@ from ringzero import cli
 
 from cli_errors import train_fails as _fails
 from ringzero.commands import train as train_cmd
-from ringzero.train.config import TrainConfig
-from ringzero.train.deepspeed import from_deepspeed
+from ringzero.run.config import TrainConfig
+from ringzero.run.deepspeed.reader import from_deepspeed
 from ringzero.train.model import GPT
 
 QUICK = ["--steps", "2", "--seq", "16", "--micro-batch", "1", "--max-bytes", "65536"]

@@ -20,9 +20,9 @@ import itertools
 import pytest
 import torch.distributed as dist
 
-from ringzero.plan.shapes import param_count
-from ringzero.train import predict
-from ringzero.train.config import TrainConfig
+from ringzero.plan.model.shapes import param_count
+from ringzero.twin import predict
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import train_rank
 
 STRATEGIES = ("dp", "zero1", "zero2", "zero3")

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from ringzero.train.config import TrainConfig
-from ringzero.train.deepspeed import from_deepspeed
+from ringzero.run.config import TrainConfig
+from ringzero.run.deepspeed.reader import from_deepspeed
 from ringzero.train.engine import train_rank
 
 from cli_errors import train_fails

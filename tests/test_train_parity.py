@@ -34,7 +34,7 @@ from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
 from ringzero.parallel.stages import ShardingConfig, stage
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.strategies import apply_sharding
-from ringzero.train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
 from ringzero.train.engine import train_rank
 from ringzero.train.model import GPT

@@ -15,10 +15,11 @@ import pytest
 from cli_errors import train_fails
 
 from ringzero import cli
-from ringzero.plan import pipeline
-from ringzero.train import predict, report
-from ringzero.train import predict_pipeline as pipe
-from ringzero.train.config import FieldError, TrainConfig
+from ringzero.plan.pipeline import schedule as pipeline
+from ringzero.twin import predict
+from ringzero.twin import report
+from ringzero.twin import pipeline as pipe
+from ringzero.run.config import FieldError, TrainConfig
 from ringzero.train.engine import train_rank
 
 BASE = dict(model="nano", layers=8, seq=16, steps=2, micro_batch=1, eval_every=100, eval_batches=1,
@@ -234,11 +235,11 @@ def test_a_failing_stage_ends_the_pipeline_with_its_name():
 
 @pytest.mark.timeout(120)
 def test_layout_auto_runs_and_prints_the_planners_layout(capsys):
-    """`--layout auto` runs the layout `plan.recommend.engine_layout` picks, and says which."""
+    """`--layout auto` runs the layout `plan.search.recommend.engine_layout` picks, and says which."""
     from ringzero.commands.plan import DEFAULT_GPU
     from ringzero.plan.config import Training
     from ringzero.plan.hardware import hardware
-    from ringzero.plan.recommend import engine_layout
+    from ringzero.plan.search.recommend import engine_layout
     code = cli.main(["train", "--nproc", "2", "--layout", "auto", "--steps", "2", "--seq", "16", "--micro-batch", "1",
                      "--max-bytes", "65536", "--quiet"])
     out = capsys.readouterr().out

@@ -1,5 +1,5 @@
 """The in-run probes that calibrate the step-time prediction (`train.probe`) and what the report
-says about them (`train.report`): probes at several points of the run, in the run's precision, of
+says about them (`twin.report`): probes at several points of the run, in the run's precision, of
 the run's own collectives; the JSON carries every point, the spread, the cost and the definition of
 the error's sign. Nothing here asserts on time, only on what was probed and how it is reported.
 """
@@ -12,10 +12,13 @@ import statistics
 import pytest
 import torch
 
-from ringzero.plan import flops
-from ringzero.plan.shapes import param_count
-from ringzero.train import predict, predict_step, probe, report
-from ringzero.train.config import TrainConfig
+from ringzero.plan.model import flops
+from ringzero.plan.model.shapes import param_count
+from ringzero.train import probe
+from ringzero.twin import predict
+from ringzero.twin import step as predict_step
+from ringzero.twin import report
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import Trainer, train_rank
 from ringzero.parallel.topology import Topology
 
@@ -167,7 +170,7 @@ def test_tensor_parallel_layers_and_a_straggler_are_probed_as_the_step_runs_them
     with_pass = predict_step.comm_seconds(cfg, 2, buckets, rates, results[1].sp_elements, 1)
     alone = {k: v for k, v in rates.items() if k != "tp_layer_comm_s"}
     without = predict_step.comm_seconds(cfg, 2, buckets, alone, results[1].sp_elements, 1)
-    from ringzero.plan.tensor_parallel import layer_collectives
+    from ringzero.plan.strategies.tensor_parallel import layer_collectives
     bsh = cfg.micro_batch * cfg.shape.seq * cfg.shape.hidden
     layer = sum(k * rates["comm"][probe.call_key(c, bsh, 4, "tp")] for _, c, k in layer_collectives(True))
     ratio = max(0.0, rates["tp_layer_comm_s"]) / layer

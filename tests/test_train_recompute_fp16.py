@@ -22,8 +22,8 @@ import torch
 
 from ringzero.parallel.recompute import SavedBytes, apply_recompute
 from ringzero.parallel.topology import Topology
-from ringzero.plan.presets import model as preset
-from ringzero.train.config import TrainConfig
+from ringzero.plan.model.presets import model as preset
+from ringzero.run.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
 from ringzero.train.engine import RankResult, Trainer, train_rank
 from ringzero.train.model import GPT, AttentionCore

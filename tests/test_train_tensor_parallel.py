@@ -13,10 +13,10 @@ import pytest
 from cli_errors import train_fails
 
 from ringzero import cli
-from ringzero.plan import tensor_parallel
-from ringzero.train import predict
-from ringzero.train.config import FieldError, TrainConfig
-from ringzero.train.deepspeed import from_deepspeed
+from ringzero.plan.strategies import tensor_parallel
+from ringzero.twin import predict
+from ringzero.run.config import FieldError, TrainConfig
+from ringzero.run.deepspeed.reader import from_deepspeed
 from ringzero.train.engine import train_rank
 
 BASE = dict(model="nano", steps=2, micro_batch=2, grad_accum=2, eval_every=100, eval_batches=1,

@@ -11,8 +11,8 @@ from torch import nn
 from ringzero.parallel.stages import DP, ShardingConfig
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.strategies import apply_sharding
-from ringzero.train.config import TrainConfig
-from ringzero.train.deepspeed import from_deepspeed
+from ringzero.run.config import TrainConfig
+from ringzero.run.deepspeed.reader import from_deepspeed
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -113,8 +113,9 @@ def test_a_parameter_without_gradient_is_named_whatever_the_buckets():
 
 
 def test_recommendation_falls_back_to_zero3_when_no_tp_pp_grid_fits():
-    from ringzero.plan import Training, hardware, recommend
-    from ringzero.plan.shapes import ModelShape
+    from ringzero.plan import Training, hardware
+    from ringzero.plan.search import recommend
+    from ringzero.plan.model.shapes import ModelShape
     m = ModelShape(layers=41, hidden=8145, heads=45, vocab=32000, seq=2048)   # 41 layers, 45 heads: no grid
     r = recommend(m, Training(), hardware("a100-80gb"), 16)
     assert r.parallel is not None and r.parallel.zero == 3 and r.parallel.dp == 16

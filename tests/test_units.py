@@ -44,7 +44,7 @@ def test_a_pickled_shape_or_gpu_leaves_its_cached_hash_behind():
     import pickle
 
     from ringzero.plan.hardware import hardware
-    from ringzero.plan.presets import model
+    from ringzero.plan.model.presets import model
     for obj in (model("gpt2"), hardware("a100-80gb")):
         hash(obj)
         again = pickle.loads(pickle.dumps(obj))

@@ -1,7 +1,7 @@
 """ZeRO-3 with its weight shards in host memory or on NVMe (ZeRO-Infinity's parameter offload):
 bit for bit plain ZeRO-3's losses and parameters (alone and with the optimizer offloaded too), every
-byte by location and every disk byte of a step equal to `plan.offload`'s formulas, no weight left on
-the device between steps, swap files removed after the run; and `train.predict_offload`, the
+byte by location and every disk byte of a step equal to `plan.strategies.offload`'s formulas, no weight left on
+the device between steps, swap files removed after the run; and `twin.offload`, the
 predicted side of `RankResult.offload`, equal to what runs measure."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import os
 import pytest
 import torch
 
-from ringzero.parallel.offload import OffloadConfig
+from ringzero.parallel.offload.optimizer import OffloadConfig
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
 from ringzero.parallel.stages import ZERO3, ShardingConfig
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.topology import Topology
-from ringzero.parallel.zero3_offload import Staging
-from ringzero.plan import offload as plan
-from ringzero.plan.offload import OffloadDevice, param_record_bytes
-from ringzero.train.config import TrainConfig
+from ringzero.parallel.offload.zero3 import Staging
+from ringzero.plan.strategies import offload as plan
+from ringzero.plan.strategies.offload import OffloadDevice, param_record_bytes
+from ringzero.run.config import TrainConfig
 from ringzero.train.engine import train_rank
 from ringzero.train.model import GPT
-from ringzero.train.predict_offload import predict_offload
+from ringzero.twin.offload import predict_offload
 
 WORLD = 2
 BASE = dict(model="nano", seq=32, micro_batch=2, max_bytes=65536, eval_every=1000, eval_batches=1)

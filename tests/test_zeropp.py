@@ -15,11 +15,12 @@ import math
 import pytest
 import torch
 
-from ringzero.plan import zeropp
-from ringzero.plan.quantization import max_error
-from ringzero.train import predict, predict_links
-from ringzero.train.config import TrainConfig
-from ringzero.train.deepspeed import from_deepspeed
+from ringzero.plan.strategies import zeropp
+from ringzero.plan.strategies.quantization import max_error
+from ringzero.twin import predict
+from ringzero.twin import links as predict_links
+from ringzero.run.config import TrainConfig
+from ringzero.run.deepspeed.reader import from_deepspeed
 from ringzero.train.engine import train_rank
 
 from cli_errors import train_fails
@@ -129,7 +130,7 @@ def test_qgz_error_is_within_the_quantizer_bound(pool, bits):
     exact = torch.stack(grads).sum(0).view(4, -1)
     for d, got in enumerate(shards):
         # hop 1 quantizes each rank's (N·s,) piece, hop 2 the partial sums: at most half a step per
-        # block of every piece summed, per `plan.quantization.max_error`.
+        # block of every piece summed, per `plan.strategies.quantization.max_error`.
         j, loc = divmod(d, 2)
         pieces = [g.view(2, 2, -1)[:, loc].reshape(-1) for g in grads]
         hop1 = sum(_bound(p, bits, block) for p in pieces).view(2, -1)[j]

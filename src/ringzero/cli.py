@@ -15,8 +15,8 @@ import sys
 import threading
 import traceback
 
-from .errors import Terminated, UsageError
-from .rank_io import in_torchrun
+from ringzero.errors import Terminated, UsageError
+from ringzero.rank_io import in_torchrun
 
 EXAMPLES = """examples:
   ringzero train --nproc 4 --strategy zero2 --recompute selective --steps 200
@@ -65,7 +65,7 @@ def version() -> str:
         from importlib.metadata import version as dist_version
         return dist_version("ringzero")
     except Exception:
-        from . import __version__
+        from ringzero import __version__
         return __version__
 
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import allocator, rank_io, rank_ipc, torchrun_job, watchdog
-from .comm import flight_watch, link_emulator
-from .rank_io import in_torchrun  # noqa: F401  (part of this module's API)
-from .watchdog import Watchdog, WatchdogPolicy
+from ringzero import allocator, rank_io, rank_ipc, torchrun_job, watchdog
+from ringzero.comm import flight_watch, link_emulator
+from ringzero.rank_io import in_torchrun  # noqa: F401  (part of this module's API)
+from ringzero.watchdog import Watchdog, WatchdogPolicy
 
 DEFAULT_TIMEOUT_S = 600.0
 

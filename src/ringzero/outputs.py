@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 
-from .errors import UsageError
+from ringzero.errors import UsageError
 
 
 def check(path: str | os.PathLike, flag: str) -> str:

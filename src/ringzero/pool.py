@@ -18,7 +18,7 @@ import traceback
 
 import torch.distributed as dist
 
-from . import launch, rank_ipc
+from ringzero import launch, rank_ipc
 
 
 def _serve(rank, nproc, port, threads, timeout_s, tasks, results, ties=None) -> None:

@@ -16,9 +16,9 @@ import threading
 import torch
 import torch.distributed as dist
 
-from . import allocator
-from .comm import flight_watch
-from .watchdog import WatchdogPolicy
+from ringzero import allocator
+from ringzero.comm import flight_watch
+from ringzero.watchdog import WatchdogPolicy
 
 
 def attempt_store(timeout: datetime.timedelta):

@@ -14,7 +14,7 @@ algorithm "torch". All arguments are checked before any rank starts.
 `--emulate-inter-node GBPS[,LATENCY_US]` with `--ranks-per-node K` turns the local ranks into nodes
 of K joined by a GBPS GB/s network (`comm.link_emulator`), and each row gains the bytes the busiest
 rank sent to other nodes in one call (measured by the traffic meter) and the α-β prediction of the
-time the emulated links add (`plan.links.emulated_seconds`, for the algorithms it models):
+time the emulated links add (`plan.comm.links.emulated_seconds`, for the algorithms it models):
 
     ringzero bench comm --nproc 4 --ranks-per-node 2 --emulate-inter-node 1,5 --collective all_reduce
 """
@@ -26,16 +26,16 @@ import sys
 
 import torch
 
-from .. import launch, outputs
-from ..errors import usage
-from ..comm import cost, registry
-from ..comm.ops import SUPPORTED_DTYPES
-from ..plan import links
-from ..plan.comm_volume import bus_factor, call_for
-from ..plan.units import parse_size
-from ..train.config import TrainConfig
-from . import comm_memory
-from .comm_ranks import Job, element_count, rank_main
+from ringzero import launch, outputs
+from ringzero.errors import usage
+from ringzero.comm import cost, registry
+from ringzero.comm.ops import SUPPORTED_DTYPES
+from ringzero.plan.comm import links
+from ringzero.plan.comm.volume import bus_factor, call_for
+from ringzero.plan.units import parse_size
+from ringzero.run.config import TrainConfig
+from ringzero.bench import comm_memory
+from ringzero.bench.comm_ranks import Job, element_count, rank_main
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))
 """1 KiB, 4 KiB, ..., 64 MiB."""
@@ -215,7 +215,7 @@ def measure(job: Job, nproc: int, timeout: float = 3600.0) -> list[dict]:
 
 
 def emulated_us(row: dict, gbps: float, latency_us: float) -> float | None:
-    """`plan.links.emulated_seconds` of a row's call in µs; None for an algorithm it does not model.
+    """`plan.comm.links.emulated_seconds` of a row's call in µs; None for an algorithm it does not model.
 
     The bench's groups are the prefixes {0..w-1}, so group rank i is global rank i."""
     collective, algorithm, n = row["collective"], row["algorithm"], row["world"]
@@ -247,12 +247,12 @@ def run(args) -> int:
             out["calibration"] = {"path": str(path), **cal.to_json()}
         print(json.dumps(out, indent=1))
     else:
-        from .comm_report import print_calibration, print_table
+        from ringzero.bench.comm_report import print_calibration, print_table
         print_table(rows)
         if cal is not None:
             print_calibration(cal, path)
     if args.plot:
-        from .comm_report import plot
+        from ringzero.bench.comm_report import plot
         plot(rows, args.plot)
     wrong = sum(r["wrong"] for r in rows)
     if wrong:

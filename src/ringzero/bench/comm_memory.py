@@ -1,4 +1,4 @@
-"""Host memory `ringzero bench comm` needs, checked before its ranks start (as `train.footprint`
+"""Host memory `ringzero bench comm` needs, checked before its ranks start (as `twin.footprint`
 checks a training run, against the same `available_bytes`).
 
 Each rank measures one cell (collective, size) at a time, and the buffers of a cell are freed before
@@ -16,7 +16,7 @@ CELL_FACTOR x largest size)`.
 
 from __future__ import annotations
 
-from ..train.footprint import PROCESS_BYTES, available_bytes
+from ringzero.twin.footprint import PROCESS_BYTES, available_bytes
 
 CELL_FACTOR = 32
 """Peak bytes a rank holds per byte of its largest cell's buffer (see the module doc)."""

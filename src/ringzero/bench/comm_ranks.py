@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .. import comm
-from ..plan.algorithms import spans_nodes_ok
-from ..plan.chunks import chunk_sizes
+from ringzero import comm
+from ringzero.plan.comm.algorithms import spans_nodes_ok
+from ringzero.plan.comm.chunks import chunk_sizes
 
 TARGET_S = 0.01
 """Aim for repetitions of about this long: one barrier's skew is then small against the time."""
@@ -47,7 +47,7 @@ class Job:
     cases: tuple[tuple[str, tuple[str, ...]], ...]
     """(collective, algorithms) in measuring order."""
     sizes: tuple[int, ...]
-    """Bytes of the whole buffer (`plan.comm_volume.call_for` convention)."""
+    """Bytes of the whole buffer (`plan.comm.volume.call_for` convention)."""
     dtype: str
     iters: int
     warmup: int

@@ -6,7 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..plan.network import FEATURES
+from ringzero.plan.comm.network import FEATURES
 
 
 def make_console() -> Console:
@@ -107,7 +107,7 @@ def plot(rows: list[dict], path: str) -> None:
     for ax in list(axes.flat)[len(collectives):]:
         ax.axis("off")
     fig.tight_layout()
-    from ..outputs import plot_format, write_with
+    from ringzero.outputs import plot_format, write_with
     fmt = plot_format(path, "--plot")
     write_with(path, lambda f: fig.savefig(f, format=fmt, dpi=110), binary=True)
     plt.close(fig)

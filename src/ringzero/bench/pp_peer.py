@@ -1,7 +1,7 @@
 """torch's own pipeline parallelism on ringzero's GPT: the peer ringzero's pipeline engine is timed against.
 
 Every rank builds the whole GPT from the config's seed, cuts its blocks into pp·v contiguous chunks
-exactly as ringzero's engine does (`plan.pipeline_layout.chunk_layers`: balanced by FLOPs, the tied
+exactly as ringzero's engine does (`plan.pipeline.layout.chunk_layers`: balanced by FLOPs, the tied
 head's matmul counted with the last chunk), and keeps the chunks g = rank, rank + pp, ... (global
 chunk g lives on pipeline rank g % pp, as in ringzero and in `torch.distributed.pipelining`).
 Chunk 0 also runs the embedding (wte, wpe, dropout); the last chunk runs the final LayerNorm and the tied head, and the schedule's `loss_fn` (the GPT's own
@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..plan import pipeline, pipeline_layout
-from ..train.config import TrainConfig
-from ..train.data import ByteData, load_bytes
-from ..train.model import GPT
+from ringzero.plan.pipeline import schedule as pipeline
+from ringzero.plan.pipeline import layout as pipeline_layout
+from ringzero.run.config import TrainConfig
+from ringzero.train.data import ByteData, load_bytes
+from ringzero.train.model import GPT
 
 CPU = torch.device("cpu")
 

@@ -20,7 +20,7 @@ import json
 import statistics
 import time
 
-from ..train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 
 BASE = dict(model="nano", seq=64, micro_batch=4, eval_batches=2, max_bytes=1 << 20, lr=3e-3, warmup=5)
 
@@ -51,8 +51,8 @@ def _modes(args) -> list[tuple[str, dict]]:
 
 def check(args) -> list[tuple[str, TrainConfig]]:
     """The runs, every config validated and every output path checked before a rank starts."""
-    from .. import outputs
-    from ..train.ps_options import check_world
+    from ringzero import outputs
+    from ringzero.run.ps_options import check_world
     if args.nproc < 2:
         raise ValueError(f"--nproc must be >= 2 (worker 1 is the straggler), got {args.nproc}")
     if args.steps < 1 or args.eval_every < 1:
@@ -70,12 +70,12 @@ def check(args) -> list[tuple[str, TrainConfig]]:
 
 
 def _rank(cfg: TrainConfig):
-    from ..train.engine import train_rank
+    from ringzero.train.engine import train_rank
     return train_rank(cfg, calibrate=False)
 
 
 def measure(name: str, cfg: TrainConfig, workers: int) -> dict:
-    from .. import launch
+    from ringzero import launch
     world = workers + (cfg.servers if cfg.strategy == "ps" else 0)
     t0 = time.perf_counter()
     results = launch.run(_rank, world, args=(cfg,), backend="gloo")
@@ -120,7 +120,7 @@ def plot(rows: list[dict], path: str, target: float) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .. import outputs
+    from ringzero import outputs
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in rows:
         ax.plot([t for *_, t in r["val"]], [v for _, v, _ in r["val"]], marker=".", label=r["mode"])
@@ -134,7 +134,7 @@ def plot(rows: list[dict], path: str, target: float) -> None:
 
 
 def run(args) -> int:
-    from ..errors import usage
+    from ringzero.errors import usage
     with usage():                          # bad input: one line, exit 2, before any rank starts
         runs = check(args)
     rows = [measure(name, cfg, args.nproc) for name, cfg in runs]
@@ -145,6 +145,6 @@ def run(args) -> int:
         plot(rows, args.plot, target)
         print(f"wrote {args.plot}")
     if args.json:
-        from .. import outputs
+        from ringzero import outputs
         outputs.write_text(args.json, json.dumps({"target": target, "rows": rows}, indent=1) + "\n")
     return 0

@@ -12,10 +12,10 @@ import time
 
 import torch
 
-from ..parallel.recompute import MODES, SavedBytes, apply_recompute
-from ..train.data import ByteData, load_bytes
-from ..train.model import GPT, AttentionCore
-from .train_ranks import Job, _interleaved
+from ringzero.parallel.recompute import MODES, SavedBytes, apply_recompute
+from ringzero.train.data import ByteData, load_bytes
+from ringzero.train.model import GPT, AttentionCore
+from ringzero.bench.train_ranks import Job, _interleaved
 
 
 def recompute(job: Job) -> dict:

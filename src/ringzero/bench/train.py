@@ -33,9 +33,9 @@ import dataclasses
 import json
 import statistics
 
-from ..plan.activations import head_bytes, layer_bytes, layer_terms
-from ..plan.shapes import ModelShape
-from ..train.config import TrainConfig
+from ringzero.plan.model.activations import head_bytes, layer_bytes, layer_terms
+from ringzero.plan.model.shapes import ModelShape
+from ringzero.run.config import TrainConfig
 
 SUITE_NAMES = ("dp", "zero3", "recompute")
 # key -> (what, bound, "<=" or ">=")
@@ -99,7 +99,7 @@ def add_arguments(parser) -> None:
 
 def build_job(args):
     """Validate every argument (ValueError with one line) and return what the ranks will run."""
-    from .train_ranks import Job
+    from ringzero.bench.train_ranks import Job
     for flag in ("ranks_per_node", "emulate_inter_node"):
         if getattr(args, flag) is not None:
             raise ValueError(f"--{flag.replace('_', '-')} is for the ZeRO++ comparison: it needs --zeropp")
@@ -233,15 +233,15 @@ def targets(result: dict) -> list[dict]:
 
 
 def measure(job, nproc: int, timeout: float) -> list[dict]:
-    from .. import launch
-    from .train_ranks import rank_main
+    from ringzero import launch
+    from ringzero.bench.train_ranks import rank_main
     return launch.spawn(rank_main, nproc, (job,), timeout=timeout)
 
 
 def benchmark(args) -> dict:
     """Validate, run every rank, and return the results as plain data (what --json writes)."""
-    from .. import outputs
-    from ..errors import usage
+    from ringzero import outputs
+    from ringzero.errors import usage
     with usage():
         job = build_job(args)
         if args.json:
@@ -275,14 +275,14 @@ def benchmark(args) -> dict:
 
 def run(args) -> int:
     if args.zeropp is not None:
-        from . import zeropp
+        from ringzero.bench import zeropp
         result = zeropp.benchmark(args)
         zeropp.print_report(result)
     else:
-        from .train_report import print_report
+        from ringzero.bench.train_report import print_report
         result = benchmark(args)
         print_report(result)
     if args.json:
-        from ..outputs import write_text
+        from ringzero.outputs import write_text
         write_text(args.json, json.dumps(result, indent=1) + "\n")
     return 0

@@ -39,13 +39,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..parallel.topology import Topology
-from ..plan.shapes import ModelShape
-from ..train.config import TrainConfig
-from ..train.data import ByteData, load_bytes
-from ..train.engine import RankResult, Trainer
-from ..train.model import GPT
-from . import pp_peer, tp_peer
+from ringzero.parallel.topology import Topology
+from ringzero.plan.model.shapes import ModelShape
+from ringzero.run.config import TrainConfig
+from ringzero.train.data import ByteData, load_bytes
+from ringzero.train.engine import RankResult, Trainer
+from ringzero.train.model import GPT
+from ringzero.bench import pp_peer, tp_peer
 
 SUITES = {"dp": ("rz_dp", "ddp"), "zero3": ("rz_zero3", "fsdp2"), "tp": ("rz_tp", "torch_tp"),
           "pp_gpipe": ("rz_pp_gpipe", "torch_pp_gpipe"), "pp_1f1b": ("rz_pp_1f1b", "torch_pp_1f1b"),
@@ -282,7 +282,7 @@ def rank_main(job: Job) -> dict:
     out = _training(job)
     if "recompute" in job.suites:
         if dist.get_rank() == 0:
-            from .recompute_ranks import recompute     # imports this module's _interleaved
+            from ringzero.bench.recompute_ranks import recompute     # imports this module's _interleaved
             out["recompute"] = recompute(job)
         dist.barrier()
     return out

@@ -3,7 +3,7 @@ its torch peer, the pipeline comparisons, recomputation, and the performance tar
 
 from __future__ import annotations
 
-from .train import PP_SCHEDULES
+from ringzero.bench.train import PP_SCHEDULES
 
 
 def _mib(n: float) -> str:
@@ -14,7 +14,7 @@ def print_report(result: dict, console=None) -> None:
     from rich import box
     from rich.table import Table
 
-    from .comm_report import make_console
+    from ringzero.bench.comm_report import make_console
     console = console or make_console()
     s = result["settings"]
     m = s["model"]

@@ -5,7 +5,7 @@
 
 Both variants train the same model from the same seed, one after the other, on the same ranks; each
 rank meters its bytes by link kind (intra- or cross-node, `comm.meter`) at the measured step, and the
-planner's twin of each (`train.predict_links`) is printed beside them. The goals: ZeRO++'s cross-node
+planner's twin of each (`twin.links`) is printed beside them. The goals: ZeRO++'s cross-node
 bytes <= 0.27 x ZeRO-3's, and a lower step time when the emulated inter-node link is the bottleneck.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from ..train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 
 CROSS_BOUND = 0.27
 """ZeRO++'s cross-node bytes against ZeRO-3's (Wang et al. 2023 §3: 0.75Φ of 3Φ at 16 bits, with scales)."""
@@ -22,13 +22,13 @@ CROSS_BOUND = 0.27
 
 ALGORITHM = "ring"
 """The collectives' algorithm when --algorithm is auto: the classic ring, whose every message has its
-cross-node twin in `plan.links` (auto may pick one that has none)."""
+cross-node twin in `plan.comm.links` (auto may pick one that has none)."""
 
 
 def build(args) -> tuple[TrainConfig, TrainConfig]:
     """(ZeRO-3, ZeRO-3 with ZeRO++) from the command line; one-line ValueError when a value is wrong."""
-    from ..commands.train_args import inter_node_link
-    from ..train import zero_options
+    from ringzero.commands.train_args import inter_node_link
+    from ringzero.run import zero_options
     if args.strategy != "zero3":
         raise ValueError(f"--strategy {args.strategy!r}: ZeRO++ is compared with its base, zero3")
     if args.nproc < 2:
@@ -45,7 +45,7 @@ def build(args) -> tuple[TrainConfig, TrainConfig]:
 
 
 def rank_main(cfgs: tuple[TrainConfig, ...]) -> list[dict]:
-    from ..train.engine import train_rank
+    from ringzero.train.engine import train_rank
     out = []
     for cfg in cfgs:
         r = train_rank(cfg, calibrate=False)
@@ -55,7 +55,7 @@ def rank_main(cfgs: tuple[TrainConfig, ...]) -> list[dict]:
 
 
 def _variant(cfg: TrainConfig, world: int, ranks: list[dict]) -> dict:
-    from ..train import predict_links
+    from ringzero.twin import links as predict_links
     times = [max(vals) for vals in zip(*(r["times"] for r in ranks))]
     metered = {k: sum(op.get(k, 0) for r in ranks for op in r["traffic"]["ops"].values())
                for k in ("bytes_sent", "cross_node_bytes_sent")}
@@ -71,8 +71,8 @@ def _variant(cfg: TrainConfig, world: int, ranks: list[dict]) -> dict:
 
 
 def benchmark(args) -> dict:
-    from .. import launch, outputs
-    from ..errors import usage
+    from ringzero import launch, outputs
+    from ringzero.errors import usage
     with usage():
         cfgs = build(args)
         if args.json:

@@ -20,7 +20,7 @@ import struct
 
 import torch
 
-from .load import Reader, source
+from ringzero.checkpoint.load import Reader, source
 
 CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -13,7 +13,7 @@ import os
 import re
 import zlib
 
-from .manifest import MANIFEST, CheckpointError, read
+from ringzero.checkpoint.manifest import MANIFEST, CheckpointError, read
 
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step-(\d{8})$")

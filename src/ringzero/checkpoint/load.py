@@ -16,9 +16,9 @@ import os
 
 import torch
 
-from .manifest import CheckpointError, Manifest, Piece, read
-from .slices import assemble, piece_of
-from .state import Local
+from ringzero.checkpoint.manifest import CheckpointError, Manifest, Piece, read
+from ringzero.checkpoint.slices import assemble, piece_of
+from ringzero.checkpoint.state import Local
 
 
 class Reader:
@@ -34,7 +34,7 @@ class Reader:
     def _open(self, name: str):
         from safetensors import safe_open
 
-        from .verify import regular_file
+        from ringzero.checkpoint.verify import regular_file
         path = regular_file(self.directory, name)
         try:
             return safe_open(path, framework="pt")

@@ -37,7 +37,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from ..json_input import unique_keys
+from ringzero.json_input import unique_keys
 
 FORMAT = "ringzero.checkpoint/2"
 FORMATS = ("ringzero.checkpoint/1", FORMAT)

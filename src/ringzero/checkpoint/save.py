@@ -27,7 +27,7 @@ A save never needs a collective, so it can run beside training (`--async-save`):
 A run only ever removes what its own lineage wrote (itself and the runs it resumed from, by the
 manifests' run ids), as DeepSpeed and Megatron-LM never delete what they did not write; a run
 started into a folder of another run's checkpoints is refused before its ranks start
-(`train.checkpoint_options`) unless it was told to overwrite them (`overwrite`: then another
+(`run.checkpoint_options`) unless it was told to overwrite them (`overwrite`: then another
 run's checkpoints at or after its saves are retired too, so that none shadows its newest).
 
 A crash at any point leaves the previous checkpoints and `latest` as they were: a directory is
@@ -49,10 +49,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import outputs
-from .folders import LATEST, STEP_DIR, TMP_DIR, complete, run_of, step_dir, summed
-from .manifest import MANIFEST, Entry, Manifest, Piece, TPSlice
-from .state import Local
+from ringzero import outputs
+from ringzero.checkpoint.folders import LATEST, STEP_DIR, TMP_DIR, complete, run_of, step_dir, summed
+from ringzero.checkpoint.manifest import MANIFEST, Entry, Manifest, Piece, TPSlice
+from ringzero.checkpoint.state import Local
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.safetensors"

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .manifest import CheckpointError, Entry, Piece, TPSlice
+from ringzero.checkpoint.manifest import CheckpointError, Entry, Piece, TPSlice
 
 
 def tp_slice(full: torch.Tensor, tp: TPSlice | None) -> torch.Tensor:

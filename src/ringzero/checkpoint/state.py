@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..parallel.tp_grads import TPParamKind, tp_param_kind
-from .manifest import TPSlice
+from ringzero.parallel.tp.grads import TPParamKind, tp_param_kind
+from ringzero.checkpoint.manifest import TPSlice
 
 STATES = ("exp_avg", "exp_avg_sq")
 

@@ -25,7 +25,7 @@ import os
 import stat
 from dataclasses import dataclass
 
-from .manifest import CheckpointError, Manifest
+from ringzero.checkpoint.manifest import CheckpointError, Manifest
 
 CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 STATE_KINDS = ("param", "master", "exp_avg", "exp_avg_sq")
@@ -112,7 +112,7 @@ def _finite(path: str) -> int:
 
 def verify(directory: str, m: Manifest, deep: bool = True) -> Verified:
     """CheckpointError naming the first file of `directory` that is not what manifest `m` says."""
-    from .folders import crc32
+    from ringzero.checkpoint.folders import crc32
     total = tensors = 0
     for name, pieces in _pieces_by_file(m).items():
         path = regular_file(directory, name)

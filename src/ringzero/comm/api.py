@@ -15,14 +15,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..plan.algorithms import NODE_AWARE
-from ..plan.chunks import bounds_from_sizes, chunk_bounds
-from . import backend, check, registry, select
-from .config import get_config
-from .flight import note_algorithm, recorded
-from .meter import active_entries, add
-from .ops import Op, check_dtype, parse_op, torch_op
-from .p2p import TorchComm
+from ringzero.plan.comm.algorithms import NODE_AWARE
+from ringzero.plan.comm.chunks import bounds_from_sizes, chunk_bounds
+from ringzero.comm import backend, check, registry, select
+from ringzero.comm.config import get_config
+from ringzero.comm.flight import note_algorithm, recorded
+from ringzero.comm.meter import active_entries, add
+from ringzero.comm.ops import Op, check_dtype, parse_op, torch_op
+from ringzero.comm.p2p import TorchComm
 
 SUM = Op.SUM
 
@@ -43,7 +43,7 @@ def _prepare(collective, algorithm, group, describe, tensors=()):
     `describe(n, rank)` reads the arguments, raises ValueError/TypeError on a bad combination, and
     returns the `check.Call` fields that are not common to every collective (dtype, count, op, ...;
     `priced` is the whole buffer `select.choose` prices, in the convention of
-    `plan.comm_volume.call_for`); `tensors` (tensors and lists of them, None allowed) are the
+    `plan.comm.volume.call_for`); `tensors` (tensors and lists of them, None allowed) are the
     call's, checked for data. Returns (group size, rank, call, algorithm to run), or None if
     this rank is not in the group. With checks on, a rank whose arguments fail still joins the
     handshake, so every rank raises its error instead of waiting for it.

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..plan.chunks import bounds_from_sizes
-from . import backend, registry
-from .api import SUM, _avg, _comm, _list_sizes, _prepare, _torch_call, _torch_needs_equal
-from .flight import recorded
-from .ops import Op, parse_op, torch_op
+from ringzero.plan.comm.chunks import bounds_from_sizes
+from ringzero.comm import backend, registry
+from ringzero.comm.api import SUM, _avg, _comm, _list_sizes, _prepare, _torch_call, _torch_needs_equal
+from ringzero.comm.flight import recorded
+from ringzero.comm.ops import Op, parse_op, torch_op
 
 
 def _cat(tensors, dtype, device) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The guards of a calibration: its sizes must spread enough to tell α from β before it is
 measured (`check_sizes`), and a fit must predict its own measurements at least as well as the
-built-in defaults (`plan.network.AlphaBetaGamma()`), or it is not written (`cost.save`)."""
+built-in defaults (`plan.comm.network.AlphaBetaGamma()`), or it is not written (`cost.save`)."""
 
 from __future__ import annotations
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from . import backend
-from .ops import SUPPORTED_DTYPES, Op
-from .registry import COLLECTIVES, SPECIAL, TABLE
+from ringzero.comm import backend
+from ringzero.comm.ops import SUPPORTED_DTYPES, Op
+from ringzero.comm.registry import COLLECTIVES, SPECIAL, TABLE
 
 # The encoded call, one int64 each; the "agree" fields must be equal on every rank.
 _NAMES = ("call", "error", "collective", "dtype", "element count", "op", "root", "tensor list sizes",

@@ -1,4 +1,4 @@
-"""Calibration of the α-β-γ model (`ringzero.plan.network`) on the machine it runs on.
+"""Calibration of the α-β-γ model (`ringzero.plan.comm.network`) on the machine it runs on.
 
 `ringzero bench comm --calibrate` measures collectives and hands its rows to `fit`, which solves
 for the coefficients by non-negative least squares and writes them with `save`; `select.choose`
@@ -9,7 +9,7 @@ reads them back with `load`. A row is one measured (collective, algorithm, world
 
 The regressors of a row are `network.features`: the slowest rank's rounds, messages, bytes and
 bytes reduced, and the messages, bytes and bytes reduced of all ranks together, from the exact
-per-rank traffic (`plan.comm_volume.volume`). Which rank is slowest depends on the coefficients, so
+per-rank traffic (`plan.comm.volume.volume`). Which rank is slowest depends on the coefficients, so
 the fit alternates: start from every feature's maximum over ranks, solve, re-pick each row's
 slowest rank under the solution, solve again, until the picks stop changing. Rows are weighted by
 1/time, so the fit minimises the relative error and a 1 KiB call counts as much as a 64 MiB one.
@@ -21,7 +21,7 @@ non-power-of-two world is folded), which one shared model cannot express. An own
 only if it wins a cross-validation on the algorithm's rows (`_own_model`); on a noisy machine the
 rest would fit noise. The fit error (median and max relative error) is stored with it.
 
-A pipelined algorithm (the ring: `plan.comm_volume.overlapped_bytes`) moves part of its bytes off
+A pipelined algorithm (the ring: `plan.comm.volume.overlapped_bytes`) moves part of its bytes off
 the critical path, behind earlier segments. Those bytes leave the β and host_beta columns for two
 of their own (`OVERLAP`: the slowest rank's overlapped bytes, and all ranks' together), fitted in
 the same least squares: β and host_beta when nothing overlaps, 0 when the pipeline hides them
@@ -44,12 +44,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plan.comm_volume import Volume, call_for, volume
-from ..plan.network import FEATURES, RANK_FEATURES, AlphaBetaGamma, features, rank_features, slowest_rank
-from .calibration_guard import WorseThanDefaults, check_better, check_sizes  # noqa: F401  (this module's API)
-from .config import get_config
-from .nnls import nnls
-from .ring_overlap import COLUMNS, OVERLAP, overlap_credit, overlapped  # noqa: F401  (part of this module's API)
+from ringzero.plan.comm.volume import Volume, call_for, volume
+from ringzero.plan.comm.network import FEATURES, RANK_FEATURES, AlphaBetaGamma, features, rank_features, slowest_rank
+from ringzero.comm.calibration_guard import WorseThanDefaults, check_better, check_sizes  # noqa: F401  (this module's API)
+from ringzero.comm.config import get_config
+from ringzero.comm.nnls import nnls
+from ringzero.comm.ring_overlap import COLUMNS, OVERLAP, overlap_credit, overlapped  # noqa: F401  (part of this module's API)
 
 SCHEMA = 1
 DEFAULT_PATH = "~/.cache/ringzero/calibration.json"
@@ -136,7 +136,7 @@ def save(cal: Calibration, path: str | os.PathLike | None = None) -> Path:
     """Write `cal` as JSON (atomically: readers never see half a file); return the path. The
     default location's folder is created; a given path's folder must exist (`outputs.check`).
     A fit worse than the defaults is refused, nothing written (`check_better`)."""
-    from ..outputs import write_text
+    from ringzero.outputs import write_text
     check_better(cal)
     p = calibration_path(path)
     if path is None:

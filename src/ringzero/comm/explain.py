@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import usage
-from ..plan.comm_volume import ROOTED, WHOLE_BUFFER, Volume, call_for, volume
-from ..plan.units import NEGATIVE_VALUE, parse_size
-from . import registry, symbolic
+from ringzero.errors import usage
+from ringzero.plan.comm.volume import ROOTED, WHOLE_BUFFER, Volume, call_for, volume
+from ringzero.plan.units import NEGATIVE_VALUE, parse_size
+from ringzero.comm import registry, symbolic
 # as_dict and render are re-exported: they were defined in this module.
-from .explain_render import ITEMSIZE, as_dict, render  # noqa: F401
-from .symbolic import Message
-from .symbolic_values import Sym
+from ringzero.comm.explain_render import ITEMSIZE, as_dict, render  # noqa: F401
+from ringzero.comm.symbolic import Message
+from ringzero.comm.symbolic_values import Sym
 
 MAX_WORLD = 16
 """One letter per rank, and a table that still fits a terminal."""

@@ -13,12 +13,12 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..plan.algorithms import NODE_AWARE
-from ..plan.comm_volume import ROOTED, Volume
-from .symbolic_values import fmt, letter
+from ringzero.plan.comm.algorithms import NODE_AWARE
+from ringzero.plan.comm.volume import ROOTED, Volume
+from ringzero.comm.symbolic_values import fmt, letter
 
 if TYPE_CHECKING:  # only for annotations: explain.py imports this module
-    from .explain import Explanation
+    from ringzero.comm.explain import Explanation
 
 ITEMSIZE = 4  # float32, as the totals say; here, not in explain.py, which imports this module
 
@@ -114,7 +114,7 @@ def render(ex: Explanation, count: int, vols: list[Volume], console: Console | N
 
 def _render_totals(console: Console, ex: Explanation, count: int, vols: list[Volume]) -> None:
     size = count * ITEMSIZE
-    console.print(Text(f"Totals from the planner (ringzero.plan.comm_volume) for S = {count} float32 "
+    console.print(Text(f"Totals from the planner (ringzero.plan.comm.volume) for S = {count} float32 "
                        f"elements ({_bytes(size)}), in bytes; {ex.steps} steps above", style="bold"))
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("rank", "rounds", "sent", "received", "sent / S", "msgs sent", "msgs recv", "reduced"):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from .config import beside_compute
+from ringzero.comm.config import beside_compute
 
 KEEP = 64
 """Calls kept in `RECORDER`."""

@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 
-from . import flight
+from ringzero.comm import flight
 
 PERIOD = 0.5
 DUMP_AFTER = 2.0

@@ -26,7 +26,7 @@ real send (`send_later`); the collective's own thread goes on meanwhile, as it w
 NIC's DMA, and waits on the send's handle when it needs it done. So the receiver sees the message
 no earlier than a real link would deliver it, and receives need no delay of their own: the NIC's
 wait is the transfer. The NIC sends one message after another, each costing α + B·β on its own,
-which is what `plan.links.link_seconds` prices. Intra-node messages are never delayed, and the real transport's
+which is what `plan.comm.links.link_seconds` prices. Intra-node messages are never delayed, and the real transport's
 own time comes on top of the emulated one. The backend's own collectives (algorithm "torch")
 bypass ringzero's point-to-point layer and are not delayed.
 """

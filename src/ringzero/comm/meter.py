@@ -8,8 +8,8 @@ Counts are per rank and per (collective, algorithm). A *round* is one step of th
 which this rank sends or receives at least one message: the length of this rank's chain of
 dependent communication steps (pipelined segments of one step are messages of the same round).
 Bytes reduced (the γ term of the cost model) are counted too, and the bytes that cross nodes
-(`cross_node_bytes_*`, by the peer's global rank). `ringzero.plan.comm_volume` and
-`ringzero.plan.links` hold the analytic twin of every figure; the tests assert that they agree
+(`cross_node_bytes_*`, by the peer's global rank). `ringzero.plan.comm.volume` and
+`ringzero.plan.comm.links` hold the analytic twin of every figure; the tests assert that they agree
 exactly. Algorithm "torch" (the backend's own collectives) is counted as calls only: its messages
 never pass through ringzero, so neither its bytes nor their nodes can be seen.
 """

@@ -27,10 +27,10 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from . import link_emulator
-from .config import get_config
-from .meter import active_entries, add
-from .ops import Op, reducer
+from ringzero.comm import link_emulator
+from ringzero.comm.config import get_config
+from ringzero.comm.meter import active_entries, add
+from ringzero.comm.ops import Op, reducer
 
 
 _ARENAS = threading.local()

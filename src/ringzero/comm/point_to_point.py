@@ -29,10 +29,10 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from . import link_emulator
-from .config import get_config
-from .meter import active_entries, add
-from .p2p import cross_flags
+from ringzero.comm import link_emulator
+from ringzero.comm.config import get_config
+from ringzero.comm.meter import active_entries, add
+from ringzero.comm.p2p import cross_flags
 
 KEY = "send_recv/p2p"
 

@@ -1,6 +1,6 @@
 """Which function implements which collective algorithm, by name (the `algorithm=` keyword).
 
-The names come from `ringzero.plan.algorithms`; "auto" (pick by the calibrated α-β-γ model,
+The names come from `ringzero.plan.comm.algorithms`; "auto" (pick by the calibrated α-β-γ model,
 `ringzero.comm.select`) and "torch" (the backend's own collective) are accepted for every collective
 on top of them.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 
 # COLLECTIVES, SPECIAL and algorithms() are re-exported: the comm layer and its callers read them here.
-from ..plan.algorithms import ALGORITHMS, COLLECTIVES, SPECIAL  # noqa: F401
-from ..plan.algorithms import names as algorithms
+from ringzero.plan.comm.algorithms import ALGORITHMS, COLLECTIVES, SPECIAL  # noqa: F401
+from ringzero.plan.comm.algorithms import names as algorithms
 
 TABLE: dict[str, dict[str, str]] = {c: {a: f"{m}:{c}" for a, m in algs.items()}
                                     for c, algs in ALGORITHMS.items()}

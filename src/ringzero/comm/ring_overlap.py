@@ -3,20 +3,20 @@
 The ring cuts each chunk into segments and forwards a segment as soon as it has it, so in each of
 its phases of n-1 steps with m segments per chunk, n-1+m-1 segment transfers lie on the critical
 path instead of (n-1)·m (Patarasuk & Yuan 2009, §3: the pipelined ring). The rest are
-"overlapped" (`plan.comm_volume.overlapped_bytes`). `comm.cost` fits their price as two columns of
+"overlapped" (`plan.comm.volume.overlapped_bytes`). `comm.cost` fits their price as two columns of
 their own, `OVERLAP` (the slowest rank's overlapped bytes, and all ranks' together), in place of β
 and host_beta: β when nothing overlaps, 0 when the pipeline hides them completely.
 """
 
 from __future__ import annotations
 
-from ..plan.comm_volume import Volume, overlapped_bytes
-from ..plan.network import FEATURES, AlphaBetaGamma
+from ringzero.plan.comm.volume import Volume, overlapped_bytes
+from ringzero.plan.comm.network import FEATURES, AlphaBetaGamma
 
 OVERLAP = ("beta", "host_beta")
 """The columns overlapped bytes leave: the slowest rank's bytes, and the bytes of all ranks."""
 COLUMNS = [FEATURES.index(k) for k in OVERLAP]
-"""Their indices in `plan.network.FEATURES`."""
+"""Their indices in `plan.comm.network.FEATURES`."""
 
 
 def overlapped(call, vols: list[Volume]) -> tuple[float, float]:

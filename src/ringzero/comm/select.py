@@ -1,12 +1,12 @@
 """algorithm="auto": the algorithm with the least predicted time under the α-β-γ model.
 
 For a call of `nbytes` on `n` ranks, every algorithm of the collective is priced with
-`plan.network.predict` (the slowest rank's rounds, messages, bytes and bytes reduced, from the
+`plan.comm.network.predict` (the slowest rank's rounds, messages, bytes and bytes reduced, from the
 exact traffic formulas) using the calibration of this machine (`comm.cost`, fitted by
-`ringzero bench comm --calibrate`), or `plan.network.DEFAULT` when there is none; the cheapest
-wins, ties going to the first in `plan.algorithms` order. A calibration also prices the ring's
+`ringzero bench comm --calibrate`), or `plan.comm.network.DEFAULT` when there is none; the cheapest
+wins, ties going to the first in `plan.comm.algorithms` order. A calibration also prices the ring's
 pipeline: the bytes it moves behind earlier segments, off its critical path, at their own fitted
-coefficients (`plan.comm_volume.overlapped_bytes`, `cost.overlap_credit`). This is how MPICH picks between its
+coefficients (`plan.comm.volume.overlapped_bytes`, `cost.overlap_credit`). This is how MPICH picks between its
 algorithms (Thakur, Rabenseifner & Gropp 2005), with measured instead of hand-set thresholds, and
 it reproduces the usual rule of thumb: ring for few ranks and large tensors, Rabenseifner or trees
 when messages are small and α dominates.
@@ -17,7 +17,7 @@ hierarchical_2d). The choice is a pure function of its arguments and the
 calibration file, so every rank of a group picks the same algorithm as long as they read the same
 file (on a cluster: the same calibration on every node).
 
-`nbytes` is the whole buffer, in the convention of `plan.comm_volume.call_for`: the tensor of
+`nbytes` is the whole buffer, in the convention of `plan.comm.volume.call_for`: the tensor of
 all-reduce, reduce and broadcast; the n-chunk output of all-gather and gather; the n-chunk input
 of reduce-scatter and scatter; one rank's whole input of all-to-all.
 """
@@ -27,11 +27,11 @@ from __future__ import annotations
 import functools
 import os
 
-from ..plan.algorithms import spans_nodes_ok
-from ..plan.chunks import chunk_sizes
-from ..plan.comm_volume import PIPELINED, Call, formula, volumes
-from ..plan.network import DEFAULT, predict
-from . import cost, registry
+from ringzero.plan.comm.algorithms import spans_nodes_ok
+from ringzero.plan.comm.chunks import chunk_sizes
+from ringzero.plan.comm.volume import PIPELINED, Call, formula, volumes
+from ringzero.plan.comm.network import DEFAULT, predict
+from ringzero.comm import cost, registry
 
 _cache: dict = {"key": None, "cal": None}
 

@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 # Sym, JUNK, fmt and letter are unused here but re-exported: callers import them from this module.
-from .symbolic_values import JUNK, Sym, combine, fmt, letter  # noqa: F401
+from ringzero.comm.symbolic_values import JUNK, Sym, combine, fmt, letter  # noqa: F401
 
 
 class SymbolicError(RuntimeError):

@@ -65,13 +65,13 @@ def inspect(directory: str, m, as_json: bool, verified=None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import outputs
-    from ..errors import UsageError, usage
+    from ringzero import outputs
+    from ringzero.errors import UsageError, usage
     verified = None
     with usage():
-        from ..checkpoint.folders import resolve
-        from ..checkpoint.manifest import CheckpointError, read
-        from ..checkpoint.verify import verify
+        from ringzero.checkpoint.folders import resolve
+        from ringzero.checkpoint.manifest import CheckpointError, read
+        from ringzero.checkpoint.verify import verify
         directory = resolve(args.path)
         m = read(directory)
         if args.action == "consolidate":
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "inspect":
         inspect(directory, m, args.json, verified)
         return 0
-    from ..checkpoint.consolidate import consolidate
+    from ringzero.checkpoint.consolidate import consolidate
     count = []
     try:
         outputs.write_with(out, lambda f: count.append(consolidate(directory, f, args.with_optimizer)), binary=True)

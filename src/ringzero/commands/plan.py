@@ -17,18 +17,19 @@ import dataclasses
 import json
 import re
 
-from ..errors import usage
-from ..plan import config, limits
-from ..plan.config import Parallel, Training
-from ..plan.estimate import check, estimate, to_dict
-from ..plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
-from ..plan.presets import MODELS, TRAINED_TOKENS, model
-from ..plan.ps_plan import ps_plan
-from ..plan.recommend import recommend
-from ..plan.search import search
-from ..plan.shapes import NORMS, POSITIONS, ModelShape
-from ..plan.param_server import check_servers
-from ..plan.units import NEGATIVE_VALUE, parse_bytes, parse_count  # noqa: F401  (parse_* are this module's API)
+from ringzero.errors import usage
+from ringzero.plan import config
+from ringzero.plan.search import limits
+from ringzero.plan.config import Parallel, Training
+from ringzero.plan.estimate import check, estimate, to_dict
+from ringzero.plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
+from ringzero.plan.model.presets import MODELS, TRAINED_TOKENS, model
+from ringzero.plan.strategies.ps_plan import ps_plan
+from ringzero.plan.search.recommend import recommend
+from ringzero.plan.search.space import search
+from ringzero.plan.model.shapes import NORMS, POSITIONS, ModelShape
+from ringzero.plan.strategies.param_server import check_servers
+from ringzero.plan.units import NEGATIVE_VALUE, parse_bytes, parse_count  # noqa: F401  (parse_* are this module's API)
 
 SHAPE_FLAGS = ("layers", "hidden", "heads", "kv_heads", "vocab", "seq", "ffn", "gated", "bias", "tied",
                "positions", "norm")
@@ -183,12 +184,12 @@ def check_output(args) -> None:
     if args.top < 1:
         raise ValueError(f"--top must be >= 1, got {args.top}")
     if args.plot is not None:
-        from .plan_plot import check_path
+        from ringzero.commands.plan_plot import check_path
         check_path(args.plot)
 
 
 def run_search(args, e):
-    """`ringzero.plan.search` over the plan's model, training, hardware and GPU count."""
+    """`ringzero.plan.search.space` over the plan's model, training, hardware and GPU count."""
     return search(e.model, e.training, e.hardware, e.parallel.gpus, top=args.top)
 
 
@@ -208,7 +209,7 @@ def tokens_source(args, tr: Training) -> str:
 
 
 def run_recommend(e):
-    """The decision flow of `ringzero.plan.recommend`, or the reason it has none."""
+    """The decision flow of `ringzero.plan.search.recommend`, or the reason it has none."""
     try:
         # The plan's own memory settings, so that its "fits" agrees with the memory table.
         return recommend(e.model, e.training, e.hardware, e.parallel.gpus,
@@ -282,7 +283,7 @@ def run(args) -> int:
     found = run_search(args, e) if args.search else None
     ps = ps_plan(e, args.servers) if args.servers is not None else None
     if args.plot is not None:
-        from .plan_plot import plot
+        from ringzero.commands.plan_plot import plot
         plot(e, args.plot)
     if args.json:
         plan = to_dict(e)
@@ -290,7 +291,7 @@ def run(args) -> int:
             plan["parameter_server"] = {**dataclasses.asdict(ps), "bottleneck": ps.bottleneck}
         print(json.dumps(plan if found is None else {"plan": plan, "search": search_dict(found)}))
         return 0
-    from . import plan_render
+    from ringzero.commands import plan_render
     plan_render.render(e, tokens_from=tokens_source(args, e.training), advice=run_recommend(e), found=found,
                        plot=args.plot, ps=ps)
     return 0

@@ -1,15 +1,15 @@
 """`ringzero plan --plot FILE.png` (or .svg, .pdf: any format matplotlib writes): memory per GPU as stacked bars for DP, ZeRO-1, ZeRO-2, ZeRO-3.
 
-The numbers are `ringzero.plan.compare.memory_by_stage` (every other setting as planned); the
+The numbers are `ringzero.plan.strategies.compare.memory_by_stage` (every other setting as planned); the
 dashed line is the GPU's HBM. The path is checked before the plan is computed (`outputs.check`)
 and the figure written atomically (`outputs.write_with`): a failed run leaves no file behind.
 """
 
 from __future__ import annotations
 
-from .. import outputs
-from ..plan.compare import memory_by_stage
-from ..plan.estimate import Estimate
+from ringzero import outputs
+from ringzero.plan.strategies.compare import memory_by_stage
+from ringzero.plan.estimate import Estimate
 
 PARTS = ("params", "grads", "optimizer", "activations", "buffers")
 GB = 1e9

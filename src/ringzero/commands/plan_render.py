@@ -12,13 +12,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..plan.compare import strategy_comparison
-from ..plan.estimate import Estimate
-from ..plan.memory import state_bytes
-from ..plan.search_why import schedule_label
-from ..plan.shapes import approx_params
-from ..plan.step_time import op_seconds
-from ..plan.words import gpus, plural
+from ringzero.plan.strategies.compare import strategy_comparison
+from ringzero.plan.estimate import Estimate
+from ringzero.plan.strategies.memory import state_bytes
+from ringzero.plan.search.why import schedule_label
+from ringzero.plan.model.shapes import approx_params
+from ringzero.plan.step_time import op_seconds
+from ringzero.plan.words import gpus, plural
 
 GB, GiB = 1e9, 2**30
 UNITS = "GB = 10⁹ bytes, GiB = 2³⁰ bytes; bytes on the wire are what the busiest GPU sends"

@@ -22,13 +22,13 @@ import json
 import os
 import sys
 
-from ..errors import usage
-from ..rank_io import in_torchrun
-from ..train.config import STRATEGIES, TrainConfig, choices
-from ..train.deepspeed import from_deepspeed
-from ..watchdog import WatchdogPolicy
-from . import train_args, train_log, train_restarts
-from .train_layout import auto_layout, layout_why
+from ringzero.errors import usage
+from ringzero.rank_io import in_torchrun
+from ringzero.run.config import STRATEGIES, TrainConfig, choices
+from ringzero.run.deepspeed.reader import from_deepspeed
+from ringzero.watchdog import WatchdogPolicy
+from ringzero.commands import train_args, train_log, train_restarts
+from ringzero.commands.train_layout import auto_layout, layout_why
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
@@ -131,9 +131,13 @@ class Job:
 
 def check(args: argparse.Namespace, torchrun: bool) -> Job:
     """Every check that can fail before a rank starts."""
-    from .. import outputs
-    from ..comm import config as comm_config
-    from ..train import checkpoint_options, data, footprint, ps_options, zero_options
+    from ringzero import outputs
+    from ringzero.comm import config as comm_config
+    from ringzero.train import data
+    from ringzero.run import checkpoint_options
+    from ringzero.twin import footprint
+    from ringzero.run import ps_options
+    from ringzero.run import zero_options
 
     world = _world(args, torchrun)
     if not args.timeout > 0:
@@ -180,9 +184,9 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
 def _rank_main(cfg: TrainConfig, quiet: bool, torchrun: bool, checks: bool = False):
     import torch.distributed as dist
 
-    from ..comm import config as comm_config
-    from ..train.engine import train_rank
-    from .train_log import StepCallback
+    from ringzero.comm import config as comm_config
+    from ringzero.train.engine import train_rank
+    from ringzero.commands.train_log import StepCallback
     if checks:
         comm_config.set_config(dataclasses.replace(comm_config.get_config(), checks=True))
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -225,11 +229,12 @@ def run(args: argparse.Namespace) -> int:
 def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None) -> None:
     from rich.console import Console
 
-    from .. import outputs
-    from ..train import report, report_wait
+    from ringzero import outputs
+    from ringzero.twin import report
+    from ringzero.twin import wait as report_wait
     console = Console()
     if cfg.strategy == "ps":
-        from ..train import report_ps
+        from ringzero.twin import ps as report_ps
         return report_ps.report(cfg, world, results, path, console)
     console.print(report.validation_line(cfg, results[0].val))
     rows = report.twins(cfg, world, results)
@@ -245,7 +250,7 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
         outputs.write_text(path, json.dumps(data, indent=1))
         console.print(f"wrote {path}")
     if plot:
-        from ..train.pipeline_plot import plot as draw
+        from ringzero.twin.pipeline_plot import plot as draw
         pipe = data["pipeline"]
         v = f", v={cfg.virtual_stages}" if cfg.virtual_stages > 1 else ""
         draw(pipe["timeline"], plot, title=f"{cfg.schedule}{v}: pp={cfg.pp}, m={cfg.grad_accum} (measured, last "

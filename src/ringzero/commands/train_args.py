@@ -45,7 +45,7 @@ def check_injections(cfg, world: int) -> None:
     loop does: step s is the one the progress shows as "step s+1/N", and a kill at step s comes
     right after the checkpoint of step s. A resumed run takes only the steps from its checkpoint's
     on (`TrainConfig` itself refuses a step at or beyond --steps)."""
-    from ..train.ps_options import PS, workers
+    from ringzero.run.ps_options import PS, workers
     faults = [(f, inj) for f, inj in (("--inject-nonfinite", cfg.inject_nonfinite), ("--inject-kill", cfg.inject_kill))
               if inj is not None]
     if not faults:
@@ -67,8 +67,8 @@ def _first_step(cfg) -> int:
     """The step a run starts at: its checkpoint's with --resume, else 0."""
     if cfg.resume is None:
         return 0
-    from ..checkpoint.folders import resolve
-    from ..checkpoint.manifest import read
+    from ringzero.checkpoint.folders import resolve
+    from ringzero.checkpoint.manifest import read
     return read(resolve(cfg.resume)).step
 
 

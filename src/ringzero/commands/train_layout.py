@@ -1,19 +1,19 @@
-"""`ringzero train --layout auto`: the layout `plan.recommend.engine_layout` picks for the model on
+"""`ringzero train --layout auto`: the layout `plan.search.recommend.engine_layout` picks for the model on
 these ranks, and what it planned for (the planner's GPU, not this machine) and why."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from ..train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 
 
 def _layout_inputs(cfg: TrainConfig, batch: int, keep_strategy: bool):
     """(Training, search space) of `--layout auto` for `cfg`'s model and a global batch of `batch`
     sequences (the ZeRO stage fixed to `cfg.strategy`'s when it was given)."""
-    from ..plan.config import Training
-    from ..plan.recommend import ENGINE_SPACE
-    from ..plan.sharding import strategy as sharding_strategy
+    from ringzero.plan.config import Training
+    from ringzero.plan.search.recommend import ENGINE_SPACE
+    from ringzero.plan.strategies.sharding import strategy as sharding_strategy
     space = ENGINE_SPACE
     if keep_strategy:
         space = dataclasses.replace(space, zero=(sharding_strategy(cfg.strategy).zero,))
@@ -23,12 +23,12 @@ def _layout_inputs(cfg: TrainConfig, batch: int, keep_strategy: bool):
 
 
 def auto_layout(cfg: TrainConfig, world: int, given: dict) -> TrainConfig:
-    """`cfg` on the layout `plan.recommend.engine_layout` picks for its model on `world` ranks, with
+    """`cfg` on the layout `plan.search.recommend.engine_layout` picks for its model on `world` ranks, with
     the global batch it would have under data parallelism alone (micro-batch x accumulation x world);
     a strategy given explicitly is kept."""
-    from ..plan.hardware import hardware
-    from ..plan.recommend import engine_layout
-    from .plan import DEFAULT_GPU
+    from ringzero.plan.hardware import hardware
+    from ringzero.plan.search.recommend import engine_layout
+    from ringzero.commands.plan import DEFAULT_GPU
     for flag in ("tp", "dp", "pp", "schedule", "virtual_stages"):
         if flag in given:
             raise ValueError(f"--layout auto chooses --{flag.replace('_', '-')} itself; give one or the other")
@@ -43,11 +43,11 @@ def auto_layout(cfg: TrainConfig, world: int, given: dict) -> TrainConfig:
 def layout_why(cfg: TrainConfig, world: int, kept_strategy: bool) -> str:
     """What `--layout auto` planned for (`auto_layout`'s result `cfg`): the hardware it priced (the
     planner's GPU, not these ranks), the chosen layout's predicted step there and the runner-up's
-    (`plan.search_why`'s sentence)."""
-    from ..plan.hardware import hardware
-    from ..plan.recommend import engine_runs
-    from ..plan.search import search
-    from .plan import DEFAULT_GPU
+    (`plan.search.why`'s sentence)."""
+    from ringzero.plan.hardware import hardware
+    from ringzero.plan.search.recommend import engine_runs
+    from ringzero.plan.search.space import search
+    from ringzero.commands.plan import DEFAULT_GPU
     hw = hardware(DEFAULT_GPU)
     tr, space = _layout_inputs(cfg, cfg.micro_batch * cfg.grad_accum * cfg.placement(world).dp, kept_strategy)
     space = dataclasses.replace(space, micro_batches=(tr.micro_batch,), offload=("none",), max_tp=space.max_tp or world)

@@ -13,9 +13,9 @@ import math
 import sys
 import time
 
-from ..train.config import TrainConfig
-from ..train.ps_options import workers
-from ..watchdog import beacon
+from ringzero.run.config import TrainConfig
+from ringzero.run.ps_options import workers
+from ringzero.watchdog import beacon
 
 
 def log_every(cfg: TrainConfig) -> int:

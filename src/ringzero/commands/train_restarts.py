@@ -9,14 +9,14 @@ import dataclasses
 import os
 import sys
 
-from ..train.config import TrainConfig
+from ringzero.run.config import TrainConfig
 
 
 def run(rank_main, cfg: TrainConfig, world: int, args, torchrun: bool, watch) -> list:
     """`rank_main(cfg, quiet, torchrun, checks)` on every rank; when a rank fails and restarts are
     left, run it again from the latest complete checkpoint under --save-dir (from the start if
     there is none yet), without injected faults."""
-    from .. import launch
+    from ringzero import launch
     attempt = cfg
     if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         attempt = restarted(cfg)                 # torchrun's own --max-restarts started this attempt
@@ -44,7 +44,7 @@ def torchrun_attempt(cfg: TrainConfig, torchrun: bool) -> TrainConfig:
 def restarted(cfg: TrainConfig, why: str = "restarted by torchrun", say: bool = True) -> TrainConfig:
     """`cfg` for a restart: from the newest complete checkpoint under --save-dir (the start, or
     --resume, if there is none yet), without the injected faults that made it fail."""
-    from ..checkpoint.folders import complete
+    from ringzero.checkpoint.folders import complete
     done = complete(cfg.save_dir) if cfg.save_dir is not None else []
     start = os.path.join(cfg.save_dir, done[-1]) if done else cfg.resume
     if say and int(os.environ.get("RANK", "0")) == 0:

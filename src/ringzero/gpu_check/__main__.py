@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import outputs
-from ..cli import Parser
-from ..errors import UsageError, usage
-from . import parts as P
-from . import summary
+from ringzero import outputs
+from ringzero.cli import Parser
+from ringzero.errors import UsageError, usage
+from ringzero.gpu_check import parts as P
+from ringzero.gpu_check import summary
 
 PARTS = ("pytest", "train", "bench", "nccl")
 DEFAULT_OUT = os.path.join("out", "gpu_check.json")

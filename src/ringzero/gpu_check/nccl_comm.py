@@ -26,14 +26,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .. import comm, launch, outputs
-from ..bench.comm import bandwidths, parse_sizes
-from ..bench.comm_ranks import Cell, element_count
-from ..comm import registry
-from ..cli import Parser
-from ..errors import UsageError, usage
-from ..plan.algorithms import spans_nodes_ok
-from ..rank_io import in_torchrun
+from ringzero import comm, launch, outputs
+from ringzero.bench.comm import bandwidths, parse_sizes
+from ringzero.bench.comm_ranks import Cell, element_count
+from ringzero.comm import registry
+from ringzero.cli import Parser
+from ringzero.errors import UsageError, usage
+from ringzero.plan.comm.algorithms import spans_nodes_ok
+from ringzero.rank_io import in_torchrun
 
 SCHEMA = "ringzero.gpu-nccl-comm/1"
 DEFAULT_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")

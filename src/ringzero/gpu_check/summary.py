@@ -12,7 +12,7 @@ import json
 import re
 import statistics
 
-from .parts import Finished, Part
+from ringzero.gpu_check.parts import Finished, Part
 
 SCHEMA = "ringzero.gpu-check/1"
 PEER = "torch"

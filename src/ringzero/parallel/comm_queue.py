@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from ..comm.config import mark_beside_compute
+from ringzero.comm.config import mark_beside_compute
 
 
 class CommQueue:

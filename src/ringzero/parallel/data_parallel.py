@@ -6,10 +6,10 @@ arrived (DDP's overlap of communication with backward); the sum is averaged by t
 
 from __future__ import annotations
 
-from .. import comm
-from ..plan.sharding import DP
-from .flat_group import FlatGroup
-from .flat_strategy import FlatStrategy
+from ringzero import comm
+from ringzero.plan.strategies.sharding import DP
+from ringzero.parallel.flat_group import FlatGroup
+from ringzero.parallel.flat_strategy import FlatStrategy
 
 
 class DataParallel(FlatStrategy):

@@ -20,7 +20,7 @@ from enum import Enum
 import torch
 from torch import nn
 
-from .flat import FlatBucket
+from ringzero.parallel.flat import FlatBucket
 
 
 class Weights(Enum):

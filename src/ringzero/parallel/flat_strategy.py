@@ -4,7 +4,7 @@ A strategy lays the model's parameters out in `FlatGroup`s and hooks the model s
 reduced over the dp group as backward produces them (Li et al. 2020's bucketing: a bucket's
 collective starts from a post-accumulate-grad hook once its last gradient has arrived, so
 communication overlaps the rest of backward). What is sharded, which collective reduces and when
-comes from the strategy's `plan.sharding.Strategy` (`schedule`); the subclasses in
+comes from the strategy's `plan.strategies.sharding.Strategy` (`schedule`); the subclasses in
 `data_parallel.py`, `zero.py` and `zero3.py` say how. Every collective runs on the injected
 `CommQueue`, in issue order.
 
@@ -31,13 +31,13 @@ import enum
 import torch
 from torch import nn
 
-from .. import comm
-from ..plan.sharding import Strategy
-from .comm_queue import CommQueue
-from .flat import FlatBucket
-from .flat_group import FlatGroup, Weights, nbytes
-from .stages import ShardingConfig
-from .topology import Topology
+from ringzero import comm
+from ringzero.plan.strategies.sharding import Strategy
+from ringzero.parallel.comm_queue import CommQueue
+from ringzero.parallel.flat import FlatBucket
+from ringzero.parallel.flat_group import FlatGroup, Weights, nbytes
+from ringzero.parallel.stages import ShardingConfig
+from ringzero.parallel.topology import Topology
 
 
 class Accumulation(enum.Enum):

@@ -133,7 +133,7 @@ class ShardedAdam:
         return sum(t.numel() * t.element_size() for t in ts)
 
     def placement_bytes(self) -> dict[str, int]:
-        """Optimizer bytes by location (`plan.offload.placement`): all beside the weights."""
+        """Optimizer bytes by location (`plan.strategies.offload.placement`): all beside the weights."""
         return {"device": self.state_bytes(), "host": 0, "disk": 0}
 
     def io_bytes(self) -> dict[str, int]:
@@ -150,7 +150,7 @@ def adamw_(w: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, s
     on fp32 `w`, `m`, `v` of one shape, after dividing the fp32 gradient `g` by `divide` and scaling
     it by the clip coefficient `coef`, in place, in torch's order (average, clip, update). The
     kernel is elementwise, so calls on pieces give the bits of one call on the whole wherever the
-    pieces start at multiples of its vector width (`plan.offload.ALIGN_NUMEL`)."""
+    pieces start at multiples of its vector width (`plan.strategies.offload.ALIGN_NUMEL`)."""
     if divide is not None:
         g.div_(divide)
     if coef is not None:

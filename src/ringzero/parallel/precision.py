@@ -6,7 +6,7 @@ underflows small gradients, so the loss is multiplied by a scale before backward
 divided by it before the update; `LossScaler` grows the scale after `window` overflow-free steps and
 halves it (skipping the step on every rank) when any rank sees an inf or NaN, as
 `torch.amp.GradScaler` and DeepSpeed's dynamic loss scaler do; as DeepSpeed's, it can wait for
-`hysteresis` overflows before halving, or keep one static scale (`train.precision_options`).
+`hysteresis` overflows before halving, or keep one static scale (`run.precision_options`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan.config import PRECISIONS
+from ringzero.plan.config import PRECISIONS
 
 DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16, torch.float16)))
 
@@ -49,7 +49,7 @@ class LossScaler:
 
     @classmethod
     def from_config(cls, c) -> "LossScaler":
-        """The scaler of a `train.precision_options.LossScalerConfig`."""
+        """The scaler of a `run.precision_options.LossScalerConfig`."""
         return cls(scale=c.initial_scale, window=c.window, min_scale=c.min_scale, hysteresis=c.hysteresis,
                    consecutive_hysteresis=c.consecutive_hysteresis, dynamic=c.dynamic)
 

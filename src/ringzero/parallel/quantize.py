@@ -1,6 +1,6 @@
 """Blockwise symmetric int8 / int4 quantization of a tensor and back, for ZeRO++'s quantized weight
 all-gather (qwZ) and gradient reduce-scatter (qgZ) (Wang et al. 2023, §3.1, §3.3); its bytes and
-error bound are `plan.quantization`'s.
+error bound are `plan.strategies.quantization`'s.
 
 `quantize(x, bits, block)` keeps one fp32 scale per block and an integer code per value (int4 codes
 packed two to a byte, the first in the low nibble); `dequantize` returns fp32. A block holding an
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..plan.quantization import DEFAULT_BLOCK, blocks, levels
+from ringzero.plan.strategies.quantization import DEFAULT_BLOCK, blocks, levels
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Quantized:
 
     @property
     def nbytes(self) -> int:
-        """Bytes on the wire: the codes and the scales (`plan.quantization.quantized_bytes`)."""
+        """Bytes on the wire: the codes and the scales (`plan.strategies.quantization.quantized_bytes`)."""
         return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
 
 

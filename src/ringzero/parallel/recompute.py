@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..plan.config import RECOMPUTES as MODES
+from ringzero.plan.config import RECOMPUTES as MODES
 _METERS: list["SavedBytes"] = []
 
 

@@ -1,19 +1,19 @@
-"""How a data-parallel strategy runs, besides what it shards (`plan.sharding`: the one table of the
+"""How a data-parallel strategy runs, besides what it shards (`plan.strategies.sharding`: the one table of the
 strategies and their collectives, re-exported here for the engine's callers)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..comm import registry
-from ..plan.zeropp import ZeroPP
-from ..plan.sharding import DP, STRATEGIES, ZERO1, ZERO2, ZERO3, Strategy  # noqa: F401
-from ..plan.sharding import strategy as stage  # noqa: F401
+from ringzero.comm import registry
+from ringzero.plan.strategies.zeropp import ZeroPP
+from ringzero.plan.strategies.sharding import DP, STRATEGIES, ZERO1, ZERO2, ZERO3, Strategy  # noqa: F401
+from ringzero.plan.strategies.sharding import strategy as stage  # noqa: F401
 
 
 @dataclass(frozen=True, kw_only=True)
 class ShardingConfig:
-    """How a strategy runs (besides what it shards: `stage`, a `plan.sharding.Strategy`)."""
+    """How a strategy runs (besides what it shards: `stage`, a `plan.strategies.sharding.Strategy`)."""
 
     stage: Strategy = DP
     bucket_mb: float = 25.0
@@ -25,10 +25,10 @@ class ShardingConfig:
     prefetch: bool = True
     """ZeRO-3: gather the next layer while the current one computes."""
     zeropp: ZeroPP | None = None
-    """ZeRO-3 only: the ZeRO++ options (qwZ, hpZ, qgZ) and their node blocks (`plan.zeropp`)."""
+    """ZeRO-3 only: the ZeRO++ options (qwZ, hpZ, qgZ) and their node blocks (`plan.strategies.zeropp`)."""
     offload_params: object | None = None
-    """ZeRO-3 only: a `parallel.offload.OffloadConfig` saying where the weight shards live between
-    uses (cpu or nvme: `parallel.zero3_offload`); None: on the device."""
+    """ZeRO-3 only: a `parallel.offload.optimizer.OffloadConfig` saying where the weight shards live between
+    uses (cpu or nvme: `parallel.offload.zero3`); None: on the device."""
 
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:

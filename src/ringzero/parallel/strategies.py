@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from .comm_queue import CommQueue
-from .data_parallel import DataParallel
-from .flat_strategy import FlatStrategy
-from .stages import ShardingConfig
-from .topology import Topology
-from .zero import ZeRO1, ZeRO2
-from .zero3 import ZeRO3
-from .zeropp import ZeROPlusPlus
+from ringzero.parallel.comm_queue import CommQueue
+from ringzero.parallel.data_parallel import DataParallel
+from ringzero.parallel.flat_strategy import FlatStrategy
+from ringzero.parallel.stages import ShardingConfig
+from ringzero.parallel.topology import Topology
+from ringzero.parallel.zero.zero12 import ZeRO1, ZeRO2
+from ringzero.parallel.zero.zero3 import ZeRO3
+from ringzero.parallel.zero.zeropp import ZeROPlusPlus
 
 CLASSES: dict[str, type[FlatStrategy]] = {c.schedule.name: c for c in (DataParallel, ZeRO1, ZeRO2, ZeRO3)}
 
@@ -22,6 +22,6 @@ def apply_sharding(model: nn.Module, topology: Topology, config: ShardingConfig,
     (a new one, owned and closed by the strategy, when None)."""
     cls = ZeROPlusPlus if config.zeropp is not None else CLASSES[config.stage.name]
     if config.offload_params is not None:
-        from .zero3_offload import ZeRO3ParamOffload
+        from ringzero.parallel.offload.zero3 import ZeRO3ParamOffload
         cls = ZeRO3ParamOffload
     return cls(model, topology, config, queue)

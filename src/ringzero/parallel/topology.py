@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..plan.placement import Placement
-from ..plan.zeropp import ZeroPP, group_members
+from ringzero.plan.placement import Placement
+from ringzero.plan.strategies.zeropp import ZeroPP, group_members
 
 KINDS = (("tp",), ("dp",), ("pp",), ("dp", "tp"), ("dp", "tp", "pp"))
 
@@ -154,7 +154,7 @@ class Topology:
     def build(cls, placement: Placement, group=None, dp_partition: int | None = None) -> "Topology":
         """The grid `placement` over the ranks of `group` (default: the whole job), with its process
         groups; every rank of `group` must call it. With `dp_partition` H, also ZeRO++'s groups of the
-        dp group cut in blocks of H (`plan.zeropp`): "dp_node" and "dp_cross"."""
+        dp group cut in blocks of H (`plan.strategies.zeropp`): "dp_node" and "dp_cross"."""
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         if placement.world != world:
             raise ValueError(f"dp x tp x pp = {placement.dp} x {placement.tp} x {placement.pp} = "

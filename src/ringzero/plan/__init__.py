@@ -10,18 +10,18 @@ re-deriving them.
     e = estimate(model("llama-2-7b"), Training(), Parallel(dp=8, zero=3), hardware("a100-80gb"))
 
 The names below are functions; the submodules of the same name stay importable
-(`from ringzero.plan.memory import state_bytes`).
+(`from ringzero.plan.strategies.memory import state_bytes`).
 """
 
-from .config import Parallel, Training
-from .estimate import Estimate, estimate, to_dict
-from .hardware import HARDWARE, Hardware, hardware
-from .memory import Memory, memory
-from .presets import MODELS, model
-from .recommend import Recommendation, recommend
-from .search import SearchResult, Space, search
-from .shapes import ModelShape, ParamCount, approx_params, param_count
-from .step_time import StepTime, step_time
+from ringzero.plan.config import Parallel, Training
+from ringzero.plan.estimate import Estimate, estimate, to_dict
+from ringzero.plan.hardware import HARDWARE, Hardware, hardware
+from ringzero.plan.strategies.memory import Memory, memory
+from ringzero.plan.model.presets import MODELS, model
+from ringzero.plan.search.recommend import Recommendation, recommend
+from ringzero.plan.search.space import SearchResult, Space, search
+from ringzero.plan.model.shapes import ModelShape, ParamCount, approx_params, param_count
+from ringzero.plan.step_time import StepTime, step_time
 
 __all__ = ["Parallel", "Training", "Estimate", "estimate", "to_dict", "HARDWARE", "Hardware", "hardware",
            "Memory", "memory", "MODELS", "model", "Recommendation", "recommend", "SearchResult", "Space",

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .algorithms import AUTO, names
-from .pipeline import SCHEDULES
-from .placement import Placement
-from .presets import recipe
-from .shapes import ModelShape
-from .tensor_parallel import REPLAYS
+from ringzero.plan.comm.algorithms import AUTO, names
+from ringzero.plan.pipeline.schedule import SCHEDULES
+from ringzero.plan.placement import Placement
+from ringzero.plan.model.presets import recipe
+from ringzero.plan.model.shapes import ModelShape
+from ringzero.plan.strategies.tensor_parallel import REPLAYS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adam", "sgd-momentum")
@@ -115,7 +115,7 @@ class Parallel:
     sequence_parallel: bool = False
     """Megatron sequence parallelism: norms and dropout split over the tp ranks (needs tp > 1)."""
     schedule: str = "1f1b"
-    """Pipeline schedule (`plan.pipeline`): "gpipe" (all micro-batches in flight), "1f1b" (at most
+    """Pipeline schedule (`plan.pipeline.schedule`): "gpipe" (all micro-batches in flight), "1f1b" (at most
     pp) or "interleaved" (1F1B over `virtual_stages` model chunks per rank: a bubble v times
     smaller for more activations on the first stages and v times the point-to-point messages)."""
     virtual_stages: int = 1
@@ -123,7 +123,7 @@ class Parallel:
     recompute: str = "none"
     """Activation recomputation: "none", "selective" (attention core) or "full" (whole block)."""
     recompute_replay: str = "whole"
-    """How full recomputation re-runs a block (`plan.tensor_parallel.REPLAYS`): "whole", as
+    """How full recomputation re-runs a block (`plan.strategies.tensor_parallel.REPLAYS`): "whole", as
     Megatron-LM does, repeating its two tensor-parallel reductions (6 per layer), or "early-stop",
     as torch's non-reentrant checkpoint (ringzero's engine) does, stopping before the last (5)."""
     flash_attention: bool = False

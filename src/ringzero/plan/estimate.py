@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from . import flops, pipeline
-from .config import Parallel, Training
-from .hardware import Hardware
-from .memory import Memory, memory
-from .shapes import ModelShape, ParamCount, approx_params, param_count
-from .step_time import StepTime, comm_ops, op_seconds, step_time
-from .strategy_comm import KINDS, CommOp
+from ringzero.plan.model import flops
+from ringzero.plan.pipeline import schedule as pipeline
+from ringzero.plan.config import Parallel, Training
+from ringzero.plan.hardware import Hardware
+from ringzero.plan.strategies.memory import Memory, memory
+from ringzero.plan.model.shapes import ModelShape, ParamCount, approx_params, param_count
+from ringzero.plan.step_time import StepTime, comm_ops, op_seconds, step_time
+from ringzero.plan.strategies.traffic import KINDS, CommOp
 
 SCHEMA = "ringzero.plan/1"
 
@@ -85,11 +86,11 @@ class Estimate:
 
 def check(m: ModelShape, tr: Training, par: Parallel) -> None:
     """A one-line ValueError when this configuration cannot run: a layout the model cannot be split
-    into (`plan.layout_check`: tp not dividing the heads, kv heads or MLP width, or the sequence
+    into (`plan.search.layout_check`: tp not dividing the heads, kv heads or MLP width, or the sequence
     under sequence parallelism; more stages than layers), a global batch that micro_batch x dp
-    does not divide, or a pipeline its schedule cannot run (`plan.pipeline.check`: more model
+    does not divide, or a pipeline its schedule cannot run (`plan.pipeline.schedule.check`: more model
     chunks than layers, or an interleaved schedule whose micro-batches are not a multiple of pp)."""
-    from . import layout_check
+    from ringzero.plan.search import layout_check
     layout_check.check(m, par)
     micro = tr.accumulation(par.dp)
     pipeline.check(par.pp, m.layers, micro, par.schedule, par.virtual_stages)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .units import cached_hash, uncached_state
+from ringzero.plan.units import cached_hash, uncached_state
 
 MiB = 2**20
 
@@ -16,7 +16,7 @@ MiB = 2**20
 @dataclass(frozen=True, kw_only=True)
 class Hardware:
     """One kind of GPU in nodes of `gpus_per_node`: its arithmetic and memory rates (what
-    `plan.compute` times a step with), its links, and the target utilisation of the planning
+    `plan.model.compute` times a step with), its links, and the target utilisation of the planning
     figures (training days, GPUs needed)."""
 
     name: str = "custom"
@@ -52,13 +52,13 @@ class Hardware:
     """Streaming multiprocessors: a matmul runs in waves of one output tile per SM."""
     gemm_efficiency: float = 0.70
     """Fraction of the matmul peak that large, well-shaped matmuls sustain in training; smaller or
-    skinnier shapes reach less (`plan.compute`)."""
+    skinnier shapes reach less (`plan.model.compute`)."""
     memory_efficiency: float = 0.85
     """Fraction of `hbm_bw` that streaming element-wise kernels reach."""
     target_mfu: float = 0.5
     """Target model FLOPs utilisation of the planning figures (training days, GPUs for a deadline):
     6N FLOPs per token over peak x GPUs (around 50 % is typical; PaLM reached 46.2 %, Chowdhery
-    et al. 2022). The step time does not use it: it is modelled (`plan.compute`)."""
+    et al. 2022). The step time does not use it: it is modelled (`plan.model.compute`)."""
 
     def __post_init__(self) -> None:
         for k in ("peak_flops", "hbm_bytes", "intra_bw", "inter_bw", "pcie_bw", "nvme_bw", "fp32_flops",

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import Parallel, Training
-from .hardware import Hardware
-from .shapes import ModelShape
-from .step_time import step_time
+from ringzero.plan.config import Parallel, Training
+from ringzero.plan.hardware import Hardware
+from ringzero.plan.model.shapes import ModelShape
+from ringzero.plan.step_time import step_time
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,13 +1,13 @@
 """Time per optimizer step: compute, communication on the right link, overlap, bubble, offload.
 
-- Compute (`plan.compute`): the busiest pipeline stage's blocks (and the output layer on the last,
-  `plan.pipeline_layout`) for each of the rank's micro-batches, every matmul at the precision's peak
+- Compute (`plan.model.compute`): the busiest pipeline stage's blocks (and the output layer on the last,
+  `plan.pipeline.layout`) for each of the rank's micro-batches, every matmul at the precision's peak
   and its shape's efficiency, the memory-bound work at HBM bandwidth; recomputation re-runs a
   forward (full) or the attention core (selective) in backward. The optimizer step streams the
   GPU's shard of the states once (on the host instead under offload).
 - Communication: Hockney's α-β model (Hockney 1994, T = α + β·S) on each call's busiest rank:
   rounds·α + max(bytes sent, received)/bandwidth, with the exact rounds and bytes of
-  `plan.comm_volume`. A group inside one node uses NVLink (intra_bw, intra_alpha); a group spanning
+  `plan.comm.volume`. A group inside one node uses NVLink (intra_bw, intra_alpha); a group spanning
   nodes is as fast as its slowest link, the network, except the hierarchical all-reduces: Jia et
   al. 2018's node-local reduce and broadcast run on NVLink and its leaders' ring on the network;
   Mikami et al. 2018's (hierarchical_2d) node-local reduce-scatter and all-gather on NVLink and its
@@ -18,7 +18,7 @@
   (or layer) is exposed. TP and PP communication sits on the critical path (Megatron-LM).
 - Pipeline bubble (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021 §2.2): a fraction
   f = (p-1)/(m+p-1) of the pipeline's time, (p-1)/(v·m+p-1) with the interleaved schedule's v
-  chunks per rank (§2.2.2; `plan.pipeline.bubble_fraction`), so f/(1-f) x the compute time:
+  chunks per rank (§2.2.2; `plan.pipeline.schedule.bubble_fraction`), so f/(1-f) x the compute time:
   (p-1)/m x it, or (p-1)/(v·m).
 - Offload (ZeRO-Offload, Ren et al. 2021): gradients go down and weights come back over PCIe and
   the CPU runs the optimizer (`CPU_ADAM_PARAMS_PER_S`); with NVMe the optimizer states are also read
@@ -31,20 +31,20 @@ import math
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from . import pipeline
-from .compute import head_seconds, layer_seconds, optimizer_seconds
-from .algorithms import NODE_AWARE, fits, names
-from .comm_volume import Volume
-from .config import Parallel, Training
-from .hardware import Hardware
-from .memory import model_parallel_params, state_bytes
-from .pipeline_layout import stage_layers
-from .shapes import ModelShape, param_count
-from .strategy_comm import (CommOp, data_parallel_ops, hierarchical_parts, pipeline_ops,
+from ringzero.plan.pipeline import schedule as pipeline
+from ringzero.plan.model.compute import head_seconds, layer_seconds, optimizer_seconds
+from ringzero.plan.comm.algorithms import NODE_AWARE, fits, names
+from ringzero.plan.comm.volume import Volume
+from ringzero.plan.config import Parallel, Training
+from ringzero.plan.hardware import Hardware
+from ringzero.plan.strategies.memory import model_parallel_params, state_bytes
+from ringzero.plan.pipeline.layout import stage_layers
+from ringzero.plan.model.shapes import ModelShape, param_count
+from ringzero.plan.strategies.traffic import (CommOp, data_parallel_ops, hierarchical_parts, pipeline_ops,
                             tensor_parallel_ops)
 
 ALL_REDUCE_CHOICES = names("all_reduce")
-"""What `dp_algorithm="auto"` weighs, in `plan.algorithms` order (the first listed wins a tie)."""
+"""What `dp_algorithm="auto"` weighs, in `plan.comm.algorithms` order (the first listed wins a tie)."""
 CPU_ADAM_PARAMS_PER_S = 1e9
 """Parameters per second the host updates for one GPU's shard: an assumption of the order of
 DeepSpeed's vectorised CPU-Adam on a many-core host (ZeRO-Offload, Ren et al. 2021, §5);
@@ -143,7 +143,7 @@ def stage_seconds(m: ModelShape, b: int, tp: int, pp: int, virtual_stages: int, 
                   recompute: str, dropout: bool, sequence_parallel: bool, flash_attention: bool,
                   hw: Hardware) -> tuple[float, float]:
     """(forward, backward) seconds of one micro-batch of `b` on the busiest pipeline stage: its
-    blocks, and the output layer on the last stage (`plan.compute`)."""
+    blocks, and the output layer on the last stage (`plan.model.compute`)."""
     lf, lb = layer_seconds(m, b, tp, precision, recompute, dropout, sequence_parallel, flash_attention, hw)
     hf, hb = head_seconds(m, b, tp, precision, hw)
     stages = []

@@ -17,11 +17,11 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.folders import resolve
-from ..checkpoint.load import Reader, fill, fill_weights
-from ..checkpoint.manifest import CheckpointError, read
-from ..checkpoint.save import snapshot, write
-from ..checkpoint.state import optimizer_states, pieces
+from ringzero.checkpoint.folders import resolve
+from ringzero.checkpoint.load import Reader, fill, fill_weights
+from ringzero.checkpoint.manifest import CheckpointError, read
+from ringzero.checkpoint.save import snapshot, write
+from ringzero.checkpoint.state import optimizer_states, pieces
 
 
 def layout(trainer) -> dict:

@@ -20,29 +20,30 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import comm
-from ..comm import flight
-from ..parallel.comm_queue import CommQueue
-from ..parallel.offload import offloaded_adam
-from ..parallel.optimizer import AdamConfig
-from ..parallel.pipeline import apply_pipeline
-from ..parallel.precision import LossScaler, NoScaler, dtype
-from ..parallel.recompute import apply_recompute
-from ..parallel.stages import DP, ShardingConfig, stage
-from ..parallel.strategies import apply_sharding
-from ..parallel.tensor_parallel import apply_tensor_parallel
-from ..parallel.tp_grads import TensorParallelGrads, unshard
-from ..parallel.topology import Topology
-from . import checkpointing, offload_probe, zero_options
-from .config import TrainConfig
-from .data import ByteData, load_bytes
-from .model import GPT, AttentionCore
-from .probe import Prober, median_rates, probe_steps
-from .result import RankResult
-from .pipeline_schedule import PipelineSchedule
-from .step_schedule import GradAccumulation, StepHooks
-from .nonfinite import NonFinite
-from .straggler import straggle
+from ringzero import comm
+from ringzero.comm import flight
+from ringzero.parallel.comm_queue import CommQueue
+from ringzero.parallel.offload.optimizer import offloaded_adam
+from ringzero.parallel.optimizer import AdamConfig
+from ringzero.parallel.pp.pipeline import apply_pipeline
+from ringzero.parallel.precision import LossScaler, NoScaler, dtype
+from ringzero.parallel.recompute import apply_recompute
+from ringzero.parallel.stages import DP, ShardingConfig, stage
+from ringzero.parallel.strategies import apply_sharding
+from ringzero.parallel.tp.tensor_parallel import apply_tensor_parallel
+from ringzero.parallel.tp.grads import TensorParallelGrads, unshard
+from ringzero.parallel.topology import Topology
+from ringzero.train import checkpointing, offload_probe
+from ringzero.run import zero_options
+from ringzero.run.config import TrainConfig
+from ringzero.train.data import ByteData, load_bytes
+from ringzero.train.model import GPT, AttentionCore
+from ringzero.train.probe import Prober, median_rates, probe_steps
+from ringzero.run.result import RankResult
+from ringzero.train.pipeline_schedule import PipelineSchedule
+from ringzero.train.step_schedule import GradAccumulation, StepHooks
+from ringzero.train.nonfinite import NonFinite
+from ringzero.train.straggler import straggle
 
 MEASURE_STEP = 1
 """The step whose traffic and saved activations are measured (step 0 warms up; a one-step run
@@ -258,7 +259,7 @@ def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group
     """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if cfg.strategy == "ps":
-        from .ps_engine import train_ps_rank
+        from ringzero.train.ps_engine import train_ps_rank
         with comm.configure(**zero_options.comm_settings(cfg)):
             return train_ps_rank(cfg, group, progress, keep_params)
     placement = cfg.placement(world)                 # tp and dp against the ranks: one line if wrong

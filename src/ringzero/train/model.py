@@ -3,7 +3,7 @@ tied embeddings (GPT-2, Radford et al. 2019; nanoGPT's layout). Its shape is a `
 the planner describes exactly this model.
 
 The model knows nothing of parallelism, but it is shape-generic so that tensor parallelism
-(`ringzero.parallel.tensor_parallel`) can swap its modules: attention derives its head count from the
+(`ringzero.parallel.tp.tensor_parallel`) can swap its modules: attention derives its head count from the
 width of the fused qkv output and a fixed head_dim (a rank holding a/t heads gets (b, s, 3h/t)), and
 its sequence length from that output too (under sequence parallelism a block's input holds s/t
 tokens, which qkv all-gathers); the tied head and the loss are submodules (`head`, `loss`).
@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..plan.shapes import ModelShape
-from .config import ATTENTIONS
-from .gpt_shape import check_shape
+from ringzero.plan.model.shapes import ModelShape
+from ringzero.run.config import ATTENTIONS
+from ringzero.run.gpt_shape import check_shape
 
 
 

@@ -7,7 +7,7 @@ fp32 there is no scale to lower: the step is counted, and after `max_nonfinite` 
 the run stops with one line naming the step and the ranks whose own gradient was not finite
 before it was reduced (each rank checks its buckets as it reduces them: `FlatStrategy.nonfinite`).
 `inject_nonfinite` (rank, step) puts an inf into that rank's first bucket at that step, on purpose.
-Under a parameter server the servers skip and count (`parallel.ps_server`), and a worker's own
+Under a parameter server the servers skip and count (`parallel.ps.server`), and a worker's own
 gradient is the one whose norm in its push header is not finite.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import signal
 
-from .. import comm          # lazy (PEP 562): `check` runs before any rank, so this module imports no torch
+from ringzero import comm          # lazy (PEP 562): `check` runs before any rank, so this module imports no torch
 
 
 class NonFiniteError(RuntimeError):
@@ -25,7 +25,7 @@ class NonFiniteError(RuntimeError):
 
 def check(cfg) -> None:
     """Raise a `FieldError` for a bad `inject_nonfinite` or `max_nonfinite`."""
-    from .config import FieldError
+    from ringzero.run.config import FieldError
     m = cfg.max_nonfinite
     if not isinstance(m, int) or isinstance(m, bool) or m < 1:
         raise FieldError("max_nonfinite", f"max_nonfinite must be an integer >= 1, got {m!r}")

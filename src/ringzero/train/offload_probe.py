@@ -1,8 +1,8 @@
 """The rates an offloaded optimizer step is predicted from, measured on this rank before the first
-step (`plan.offload.OffloadRates`): the device-host copy rate of gradients and weights, and with
+step (`plan.strategies.offload.OffloadRates`): the device-host copy rate of gradients and weights, and with
 NVMe the swap file's own read and write rates (the file the steps use; another file on a virtual
 disk can move at a very different rate) and how much the swap I/O and the host update slow each
-other down when they share cores (`plan.swap_pipeline`). The update's rate is the in-run probe's
+other down when they share cores (`plan.strategies.swap_pipeline`). The update's rate is the in-run probe's
 (`probe.Prober`: the fused AdamW kernel on a shard)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 
 import torch
 
-from ..parallel.optimizer import adamw_
-from ..plan.offload import OffloadDevice, OffloadRates, update_seconds
+from ringzero.parallel.optimizer import adamw_
+from ringzero.plan.strategies.offload import OffloadDevice, OffloadRates, update_seconds
 
 COPY_NUMEL = 1 << 22
 """fp32 elements per timed copy (16 MiB: large enough to stream, as one chunk of the update)."""

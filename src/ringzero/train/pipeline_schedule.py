@@ -1,4 +1,4 @@
-"""Pipeline schedules run: each stage plays its actions from `plan.pipeline` (GPipe, 1F1B,
+"""Pipeline schedules run: each stage plays its actions from `plan.pipeline.schedule` (GPipe, 1F1B,
 interleaved 1F1B) on its model chunks, passing activations forward and gradients back by metered
 point-to-point (`ringzero.comm.point_to_point`).
 
@@ -10,7 +10,7 @@ happens where it did. On NCCL separately issued point-to-point calls run in orde
 a receive posted early would hold back this stage's sends behind it: there it is posted when
 needed. So a stage waits only
 for a message whose sender has reached it in its own action list, and the schedules' action lists
-are exactly those `plan.pipeline.simulate` plays with instantaneous messages, where a schedule that
+are exactly those `plan.pipeline.schedule.simulate` plays with instantaneous messages, where a schedule that
 could wait forever raises. Activations and gradients travel under different tags, so the two streams
 between one pair of stages (both exist under interleaving, and with two stages) never cross.
 
@@ -32,9 +32,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..comm import point_to_point
-from ..parallel.recompute import SavedBytes
-from ..plan import pipeline as schedules
+from ringzero.comm import point_to_point
+from ringzero.parallel.recompute import SavedBytes
+from ringzero.plan.pipeline import schedule as schedules
 
 ACTIVATIONS, GRADIENTS = 1, 2
 """Message tags of the two streams."""
@@ -46,7 +46,7 @@ when needed 0.95 / 0.99 / 1.03, 1 ahead 0.95 / 0.99 / 0.99, 2 ahead 0.91 / 0.96 
 
 
 class PipelineSchedule:
-    """Stage `topology.pp_rank`'s part of `schedule` over `stages` (a `parallel.pipeline.PipelineStages`)."""
+    """Stage `topology.pp_rank`'s part of `schedule` over `stages` (a `parallel.pp.pipeline.PipelineStages`)."""
 
     def __init__(self, stages, topology, schedule: str, virtual_stages: int, activation_shape: tuple[int, ...],
                  dtype: torch.dtype, cost: tuple[float, float] | None = None) -> None:
@@ -177,7 +177,7 @@ class PipelineSchedule:
     def forward_only(self, micro_batches: list) -> list[float]:
         """Losses of `micro_batches` (x, y) through the pipeline, no backward (evaluation); on the
         last stage, empty elsewhere."""
-        from .step_schedule import StepHooks
+        from ringzero.train.step_schedule import StepHooks
         st, hooks = self.stages, StepHooks(None)
         # Micro-batch by micro-batch, chunk by chunk: every stage waits only on earlier pairs.
         acts = [schedules.Action("F", k, c) for k in range(len(micro_batches)) for c in range(self.v)]

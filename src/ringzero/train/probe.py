@@ -1,5 +1,5 @@
 """What this machine's ranks can do at once, probed at several points of a training run. The rates
-calibrate the step-time prediction of `train.predict_step`; the steps themselves are never used for it.
+calibrate the step-time prediction of `twin.step`; the steps themselves are never used for it.
 
 A machine that others share changes its load while a run trains, so one probe before or after the
 run measures a different machine than the steps saw. `Prober` is built once per run and called at
@@ -9,7 +9,7 @@ steps do. Everything runs in the run's own precision, shapes and algorithms:
 
 - Compute: one transformer block of the run's shape, dtype, attention, dropout and recomputation,
   forward and backward on one micro-batch; its hardware FLOPs (the per-layer share of the model's
-  `plan.flops` formula) over the time. Small and skinny matmuls, softmax, norms and autograd's own
+  `plan.model.flops` formula) over the time. Small and skinny matmuls, softmax, norms and autograd's own
   overhead run well below a large matmul's peak on a CPU (2x for this model), and 16-bit arithmetic
   on a CPU without native support far below fp32, so the block reaches the rate the model's layers
   do. Two small biases remain and partly cancel: the lone block runs with its weights and
@@ -46,14 +46,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import comm
-from ..parallel.optimizer import AdamConfig, ShardedAdam
-from ..parallel.precision import dtype as dtype_of
-from ..parallel.recompute import apply_recompute
-from ..plan import flops
-from . import predict
-from .config import TrainConfig
-from .probe_tp import TPLayerPass
+from ringzero import comm
+from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
+from ringzero.parallel.precision import dtype as dtype_of
+from ringzero.parallel.recompute import apply_recompute
+from ringzero.plan.model import flops
+from ringzero.twin import predict
+from ringzero.run.config import TrainConfig
+from ringzero.train.probe_tp import TPLayerPass
 
 PROBE_EVERY, MAX_POINTS = 10, 16
 """About one probe point per `PROBE_EVERY` steps, at least two (before the first step and after the
@@ -152,7 +152,7 @@ class Prober:
     """This rank's probes for one run of `cfg` under `strategy` (see the module doc)."""
 
     def __init__(self, cfg: TrainConfig, strategy, sp_elements: int | None = None) -> None:
-        from .model import AttentionCore, Block
+        from ringzero.train.model import AttentionCore, Block
         self.cfg, self.strategy, self.dtype = cfg, strategy, dtype_of(cfg.precision)
         self.queue, self.sp_elements = strategy.queue, sp_elements
         m = cfg.shape

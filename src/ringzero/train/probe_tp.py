@@ -1,5 +1,5 @@
 """A tensor-parallel layer as a step runs it, for the probe (`train.probe`): one block of the run's
-shape split over the tp group with its collectives (`parallel.tensor_parallel.split_block`).
+shape split over the tp group with its collectives (`parallel.tp.tensor_parallel.split_block`).
 
 The probe times the block's arithmetic without them and each collective alone, after a barrier, as
 if a layer's collectives cost inside a step what they cost on their own. With more ranks than cores
@@ -17,16 +17,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..parallel.recompute import apply_recompute
-from ..parallel.tensor_parallel import split_block
-from .config import TrainConfig
+from ringzero.parallel.recompute import apply_recompute
+from ringzero.parallel.tp.tensor_parallel import split_block
+from ringzero.run.config import TrainConfig
 
 
 class TPLayerPass:
     """Forward and backward of one tensor-parallel block on one micro-batch, collectives included."""
 
     def __init__(self, cfg: TrainConfig, topology, dtype: torch.dtype) -> None:
-        from .model import AttentionCore, Block
+        from ringzero.train.model import AttentionCore, Block
         m = cfg.shape
         torch.manual_seed(0)
         block = Block(m, cfg.attention, cfg.dropout)

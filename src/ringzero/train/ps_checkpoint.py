@@ -31,11 +31,11 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.folders import resolve
-from ..checkpoint.load import Reader, fill
-from ..checkpoint.save import snapshot, write
-from ..checkpoint.state import Local, pieces
-from .checkpointing import Behind, ancestors, due, run_token
+from ringzero.checkpoint.folders import resolve
+from ringzero.checkpoint.load import Reader, fill
+from ringzero.checkpoint.save import snapshot, write
+from ringzero.checkpoint.state import Local, pieces
+from ringzero.train.checkpointing import Behind, ancestors, due, run_token
 
 
 def range_pieces(strategy, lo: int, hi: int, tensors: dict[str, torch.Tensor]) -> list[Local]:

@@ -3,10 +3,10 @@
 Ranks 0..W-1 are workers and W..W+S-1 servers (`ps_options`). Every rank builds the same model
 from the same seed; a worker keeps it whole, as a data-parallel rank would, and a server keeps only
 its key range of the flat parameter vector (the worker's buckets in order, cut by
-`plan.param_server.server_ranges`), with the fp32 master and Adam's moments of that range. Each step
+`plan.strategies.param_server.server_ranges`), with the fp32 master and Adam's moments of that range. Each step
 a worker runs its micro-batches, pushes the summed gradient range by range and pulls the new values
-(`parallel.ps_client`); the servers apply them under the run's consistency model
-(`parallel.ps_server`). The workers' batches are data parallelism's: worker i of W takes the i-th
+(`parallel.ps.client`); the servers apply them under the run's consistency model
+(`parallel.ps.server`). The workers' batches are data parallelism's: worker i of W takes the i-th
 share of the global batch, so a sync run sees the data an all-reduce run sees.
 """
 
@@ -17,20 +17,20 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import comm
-from ..parallel.ps_client import PSClient
-from ..comm.point_to_point import post
-from ..parallel.ps_server import CONTROL, PULLED, PUSHED, ParameterServer
-from ..parallel.topology import Topology
-from ..plan.param_server import server_ranges
-from .config import TrainConfig
-from .engine import RankResult, Trainer, adam_config
-from . import ps_checkpoint
-from .checkpointing import due
-from .nonfinite import Streak, kill_if
-from .straggler import straggle
-from .ps_options import ps_config
-from .step_schedule import StepHooks
+from ringzero import comm
+from ringzero.parallel.ps.client import PSClient
+from ringzero.comm.point_to_point import post
+from ringzero.parallel.ps.server import CONTROL, PULLED, PUSHED, ParameterServer
+from ringzero.parallel.topology import Topology
+from ringzero.plan.strategies.param_server import server_ranges
+from ringzero.run.config import TrainConfig
+from ringzero.train.engine import RankResult, Trainer, adam_config
+from ringzero.train import ps_checkpoint
+from ringzero.train.checkpointing import due
+from ringzero.train.nonfinite import Streak, kill_if
+from ringzero.train.straggler import straggle
+from ringzero.run.ps_options import ps_config
+from ringzero.train.step_schedule import StepHooks
 
 
 class PSWorker(Trainer):

@@ -15,8 +15,8 @@ from __future__ import annotations
 import contextlib
 import time
 
-from ..comm import flight
-from ..parallel.recompute import SavedBytes
+from ringzero.comm import flight
+from ringzero.parallel.recompute import SavedBytes
 
 
 class StepHooks:

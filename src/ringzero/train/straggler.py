@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .config import TrainConfig
+from ringzero.run.config import TrainConfig
 
 
 def straggle(cfg: TrainConfig, rank: int, compute_s: float) -> float:

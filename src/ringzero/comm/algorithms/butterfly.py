@@ -27,7 +27,7 @@ v = i for the odd ranks 2i+1 and v = r - rem for the ranks r >= 2·rem.
 
 from __future__ import annotations
 
-from ...plan.chunks import pof2_floor
+from ringzero.plan.comm.chunks import pof2_floor
 
 
 class Fold:

@@ -12,7 +12,7 @@ all-reduce); k = 1 makes every rank a leader (a plain ring). With m = ceil(n / k
 1. binomial reduce inside each node to its leader (`tree.reduce` over a `SubComm` of the node):
    ceil(log2 k) rounds, the leader receiving and reducing up to ceil(log2 k)·S over the fast links;
 2. ring all-reduce among the m leaders (`ring.all_reduce` over a `SubComm` of the leaders, chunks
-   recut for m ranks by `plan.chunks.chunk_bounds`): 2(m-1) rounds, each leader sending
+   recut for m ranks by `plan.comm.chunks.chunk_bounds`): 2(m-1) rounds, each leader sending
    2(m-1)/m·S over the slow network — only leaders cross it, once per node;
 3. binomial broadcast inside each node from its leader: ceil(log2 k) rounds.
 
@@ -23,9 +23,9 @@ folded: the binomial trees and the ring both work for any size, uneven last node
 
 from __future__ import annotations
 
-from ...plan.chunks import chunk_bounds
-from ..subcomm import SubComm
-from . import ring, tree
+from ringzero.plan.comm.chunks import chunk_bounds
+from ringzero.comm.subcomm import SubComm
+from ringzero.comm.algorithms import ring, tree
 
 
 def _node(rank: int, n: int, k: int) -> list[int]:

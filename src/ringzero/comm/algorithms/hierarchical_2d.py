@@ -24,9 +24,9 @@ a ring reduce-scatter then all-gather inside one node.
 
 from __future__ import annotations
 
-from ...plan.chunks import chunk_bounds
-from ..subcomm import SubComm
-from . import ring
+from ringzero.plan.comm.chunks import chunk_bounds
+from ringzero.comm.subcomm import SubComm
+from ringzero.comm.algorithms import ring
 
 
 def node_size(c) -> int:

@@ -18,7 +18,7 @@ with nothing to send or receive is not a round.
 
 from __future__ import annotations
 
-from ...plan.schedules import peers
+from ringzero.plan.comm.schedules import peers
 
 
 def all_to_all(c, sbuf, sbounds, rbuf, rbounds) -> None:

@@ -33,8 +33,8 @@ power-of-two algorithm; at the end 2i+1 gives rank 2i its result.
 
 from __future__ import annotations
 
-from ...plan.chunks import chunk_bounds
-from .butterfly import Fold, absorb, folded_out, gather_doubling
+from ringzero.plan.comm.chunks import chunk_bounds
+from ringzero.comm.algorithms.butterfly import Fold, absorb, folded_out, gather_doubling
 
 
 def _halving_steps(f: Fold) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:

@@ -4,7 +4,7 @@ Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of works
 Ranks form the ring r -> r+1 (mod n). All-reduce is reduce-scatter followed by all-gather: 2(n-1)
 steps, each moving one chunk of S/n bytes, so every rank sends 2(n-1)/n·S — bandwidth-optimal and
 independent of n. Works for any n (no power-of-two requirement) and any count: chunks follow
-`plan.chunks.chunk_bounds`, so they differ by at most one element and may be empty.
+`plan.comm.chunks.chunk_bounds`, so they differ by at most one element and may be empty.
 
 Pipelining: each chunk is cut into segments of `SEGMENT_BYTES` (its *pieces*), and a *unit* is one
 segment of one step. A unit's send waits only for the unit that produced its data (the same segment
@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ...plan.chunks import SEGMENT_BYTES, segments
-from ..config import beside_compute
+from ringzero.plan.comm.chunks import SEGMENT_BYTES, segments
+from ringzero.comm.config import beside_compute
 
 LOOKAHEAD = 1
 """Receives in flight when the ring runs alone, counting the awaited one (1: post just before it)."""

@@ -21,8 +21,8 @@ its own step (round), posted without waiting for the previous one since they are
 
 from __future__ import annotations
 
-from ...plan.schedules import scatter_schedule
-from .ring import all_gather as ring_all_gather
+from ringzero.plan.comm.schedules import scatter_schedule
+from ringzero.comm.algorithms.ring import all_gather as ring_all_gather
 
 
 def _binomial_scatter(c, buf, bounds, root: int) -> None:

@@ -29,7 +29,7 @@ subtree's relative range [lo, hi) is the absolute range starting at (lo + root) 
 past the end of the buffer when the root is not 0. It is then moved as TWO messages in the same
 exchange (the tail piece [a, n), then the head piece [0, b - n)), received straight into place on
 both sides: no rotated scratch buffer and no copies, at the price of one extra message (α) on the
-links whose subtree straddles the end; an empty piece is not sent. `plan.volumes.tree` counts
+links whose subtree straddles the end; an empty piece is not sent. `plan.comm.volumes.tree` counts
 those messages the same way.
 
 The whole buffer travels in one message per step (no segment pipelining): the tree is the

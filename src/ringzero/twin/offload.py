@@ -1,0 +1,50 @@
+"""The predicted twin of a run's `RankResult.offload`: where the optimizer's and the weights' bytes
+live and what they move to and from disk per step (`plan.strategies.offload`: ZeRO-Offload, Ren et al. 2021
+§4; ZeRO-Infinity, Rajbhandari et al. 2021 §5).
+
+From the rank's buckets as the strategy laid them out (`RankResult.buckets`: elements, is ZeRO-3's
+root), padded as `parallel.flat.FlatBucket` pads them: a bucket of n elements over dp ranks has
+shards of ⌈n / dp⌉ elements. The optimizer updates a shard under ZeRO-1/2/3 and the whole bucket
+under DP; ZeRO-3 with parameter offload stores every weight shard, and without it no weight is
+offloaded (all zeros, as the strategy reports).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ringzero.plan.strategies import offload as plan
+from ringzero.plan.strategies.offload import DEFAULT_BUFFER_NUMEL, OffloadDevice
+from ringzero.plan.strategies.sharding import DP, strategy as stage
+from ringzero.run.config import TrainConfig
+
+
+def predict_offload(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, bool]]) -> dict:
+    """{"optimizer": {device, host, disk}, "params": {device, host, disk}, "disk_io": {"optimizer":
+    {read, write}, "params": {read, write}}} of one rank of `cfg` on `world` ranks whose buckets are
+    `buckets` ((elements, is root) each), at the engine's measured step."""
+    dp = cfg.placement(world).dp
+    s = DP if cfg.strategy == "single" else stage(cfg.strategy)
+    shards = [(-(-n // dp), root) for n, root in buckets]
+    updated = optimizer_shards(cfg, world, buckets)
+    wb, count = cfg.value_bytes, cfg.offload_buffers
+    opt, params = OffloadDevice(cfg.offload_optimizer), OffloadDevice(cfg.offload_params)
+    offloaded = params is not OffloadDevice.NONE and s.shard_params
+    return {
+        "optimizer": plan.placement(opt, updated, wb, count, DEFAULT_BUFFER_NUMEL).as_dict(),
+        "params": (plan.param_placement(params, [n for n, _ in shards], wb, count) if offloaded
+                   else plan.Placement()).as_dict(),
+        "disk_io": {
+            "optimizer": plan.io_per_step(opt, updated, DEFAULT_BUFFER_NUMEL),
+            "params": plan.param_io_per_step(params if offloaded else OffloadDevice.NONE, shards, wb,
+                                             cfg.grad_accum),
+        },
+    }
+
+
+def optimizer_shards(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, bool]]) -> list[int]:
+    """Elements the optimizer updates per bucket: its shard, ⌈n / dp⌉, under ZeRO-1/2/3; the whole
+    bucket under DP."""
+    dp = cfg.placement(world).dp
+    s = DP if cfg.strategy == "single" else stage(cfg.strategy)
+    return [-(-n // dp) if s.shard_optimizer else n for n, _ in buckets]

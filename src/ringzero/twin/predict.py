@@ -1,0 +1,203 @@
+"""The planner's prediction for one training run, in the run's own terms (every number the planner
+predicts has a measured twin in the engine's report).
+
+`plan_inputs` turns a `TrainConfig` on `world` ranks into the planner's (ModelShape, Training,
+Parallel); everything predicted below is `ringzero.plan` evaluated on them, with two facts of this
+engine passed through: the dropout masks torch's CPU kernel keeps in the activations' dtype
+(`mask_bytes`), and whether `sdpa` really runs the fused kernel (on CPU it falls back to the math
+path, which stores the s x s weights, when dropout is on).
+
+Traffic is predicted per bucket: the engine moves each flat bucket (padded to a multiple of the
+ranks under ZeRO) as one collective, so the exact bytes are Σ over buckets of
+`plan.comm.volume.volume` for the collective and algorithm that ran. The Φ-level figure of
+`plan.strategies.traffic` (one collective of the whole model) is the same up to the chunk rounding.
+"""
+
+from __future__ import annotations
+
+from ringzero.plan.strategies import sharding
+from ringzero.plan.strategies import tensor_parallel
+from ringzero.plan.strategies import zeropp
+from ringzero.plan.comm.volume import call_for, formula, volume
+from ringzero.plan.config import Parallel, Training
+from ringzero.plan.strategies.memory import model_states, state_bytes
+from ringzero.plan.model.shapes import ModelShape
+from ringzero.plan.strategies.sharding import Strategy
+from ringzero.twin import pipeline as pipe
+from ringzero.run import zero_options
+from ringzero.run.config import TrainConfig
+
+
+
+def strategy(cfg: TrainConfig) -> Strategy:
+    """The run's data-parallel strategy ("single" is DP on one rank)."""
+    return sharding.DP if cfg.strategy == "single" else sharding.strategy(cfg.strategy)
+
+
+def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
+    """Whether `attention="sdpa"` keeps no s x s tensor (CPU: only without dropout)."""
+    return cfg.attention == "sdpa" and (cuda or cfg.dropout == 0)
+
+
+def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Parallel]:
+    """The planner's inputs for this run, with this engine's ways where the planner's default is
+    Megatron-LM's: full recomputation through torch's non-reentrant checkpoint, which stops before
+    a block's last tensor-parallel reduction (`plan.strategies.tensor_parallel.layer_collectives`)."""
+    pl = cfg.placement(world)
+    tr = Training(micro_batch=cfg.micro_batch, global_batch=cfg.global_batch(world),
+                  precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
+    par = Parallel(dp=pl.dp, tp=pl.tp, pp=pl.pp, sequence_parallel=cfg.sequence_parallel, zero=strategy(cfg).zero,
+                   recompute=cfg.recompute, recompute_replay="early-stop", flash_attention=fused_attention(cfg),
+                   bucket_mb=cfg.bucket_mb, schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
+                   offload=cfg.offload_optimizer)
+    return cfg.shape, tr, par
+
+
+def activations(cfg: TrainConfig, cuda: bool = False, stage: int | None = None) -> float:
+    """Bytes one rank saves for backward in one micro-batch's forward (all layers plus embedding and
+    head; 1/t of the split tensors under tensor parallelism); with `stage` under a pipeline, the most
+    that stage holds at once over its schedule."""
+    per_layer, head = pipe.activation_terms(cfg, cuda)
+    if stage is not None and cfg.pp > 1:
+        return pipe.peak_activations(cfg, stage, per_layer, head)
+    return cfg.shape.layers * per_layer + head
+
+
+def states(cfg: TrainConfig, world: int, rank: int = 0) -> dict[str, float]:
+    """Model-state bytes of `rank` from the ZeRO formulas (Rajbhandari et al. 2020), over the
+    parameters its pipeline stage holds."""
+    m, tr, par = plan_inputs(cfg, world)
+    p, g, o, _ = model_states(local_params(cfg, world, rank), state_bytes(tr.precision, tr.optimizer),
+                              dp=par.dp, zero=par.zero, offload=cfg.offload_optimizer)
+    if cfg.offload_params != "none":          # ZeRO-3's shards live in the parameter store between steps
+        p = 0
+    return {"params": p, "grads": g, "optimizer": o}
+
+
+def local_params(cfg: TrainConfig, world: int, rank: int = 0) -> int:
+    """Parameters `rank` holds before any ZeRO sharding: its tp share of its pipeline stage's."""
+    return pipe.params(cfg, pipe.stage_of(cfg, world, rank))
+
+
+def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, int, int]]:
+    """The data-parallel collectives of one step on `world` ranks: (collective, elements, itemsize,
+    times) for `buckets` of (elements, is the ZeRO-3 root), from the strategy's schedule
+    (`plan.strategies.sharding`), on the dp group."""
+    return strategy(cfg).calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.grad_accum)
+
+
+def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:
+    """The tensor-parallel collectives of one step inside forward and backward, on the tp group
+    (a pipeline stage's: its blocks, and the embedding's or head's where it holds them)."""
+    return pipe.tp_calls(cfg, stage) if cfg.tp > 1 else []
+
+
+def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) -> list[tuple[str, int, int, int]]:
+    """The tensor-parallel collectives after backward: the sequence-parallel gradient sum over what
+    this rank owns of the LayerNorm and bias gradients (`sp_elements`, from the bucket layout as
+    `TensorParallelGrads.partial_elements`; None: 1/dp of them under ZeRO, all otherwise) and the
+    norm's sum."""
+    if cfg.tp == 1:
+        return []
+    out = []
+    if cfg.sequence_parallel:
+        share = cfg.placement(world).dp if strategy(cfg).shard_optimizer else 1
+        n = tensor_parallel.partial_grad_params(cfg.shape) // share if sp_elements is None else sp_elements
+        out += [("all_reduce", n, cfg.value_bytes, 1)] if n else []
+    return out + [("all_reduce", 1, 4, 1)]
+
+
+GROUP_DIM = {"dp": "dp", "tp": "tp", "tp_step": "tp", "pp_step": "pp", "dp_node": "dp", "dp_cross": "dp"}
+DP_GROUPS = ("dp", "dp_node", "dp_cross")
+"""The dp group and ZeRO++'s blocks of it: their collectives run the strategy's algorithms."""
+"""The grid dimension of each group of `grouped_calls` ("embedding": the first and last stage)."""
+
+
+def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
+                  sp_elements: int | None = None, rank: int = 0) -> list[tuple[str, int, list]]:
+    """(group, its ranks, `rank`'s calls of one step on it): the dp group's, the tp group's inside
+    forward and backward ("tp") and after it ("tp_step"), and under a pipeline the tied embedding's
+    gradient sum ("embedding") and the norm's sum over the stages ("pp_step")."""
+    pl = cfg.placement(world)
+    stage = pl.coords(rank)["pp"]
+    out = zeropp_calls(cfg, world, buckets) if cfg.zeropp else [("dp", pl.dp, calls(cfg, world, buckets))]
+    out += [("tp", pl.tp, tp_calls(cfg, stage)),
+           ("tp_step", pl.tp, tp_step_calls(cfg, world, sp_elements))]
+    if pl.pp > 1:
+        out += [("embedding", 2, pipe.embedding_calls(cfg, stage)), ("pp_step", pl.pp, [("all_reduce", 1, 4, 1)])]
+    return out
+
+
+def zeropp_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, list]]:
+    """ZeRO++'s (group, its ranks, calls of one step) on the dp group and its node blocks (`plan.strategies.zeropp`)."""
+    zpp, dp = zero_options.zeropp(cfg, world), cfg.placement(world).dp
+    every = zeropp.calls(zpp, buckets, dp, cfg.value_bytes, cfg.grad_accum)
+    sizes = {"dp": dp, "dp_node": zpp.partition, "dp_cross": zpp.blocks(dp)}
+    return [(g, n, [c[1:] for c in every if c[0] == g]) for g, n in sizes.items()]
+
+
+def _index(cfg: TrainConfig, world: int, group: str, rank: int) -> int:
+    at = cfg.placement(world).coords(rank)
+    if group == "embedding":
+        return 0 if at["pp"] == 0 else 1
+    if group in DP_GROUPS:
+        return zeropp.group_index(zero_options.zeropp(cfg, world) or zeropp.ZeroPP(), group, at["dp"])
+    return at[GROUP_DIM[group]]
+
+
+def node_size(cfg: TrainConfig, n: int) -> int:
+    """Ranks per node in a group of `n` as the run's collectives see it: the run's `ranks_per_node`
+    (its ranks run under `comm.configure(ranks_per_node=...)`), else the comm config's."""
+    from ringzero.comm.config import get_config
+    return max(1, min(cfg.ranks_per_node, n)) if cfg.ranks_per_node else get_config().node_size(n)
+
+
+def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> str:
+    """The algorithm a collective runs: the configured one mapped to `collective` as
+    `ShardingConfig.algorithm_for` does (the tp groups': `TrainConfig.tp_algorithm`), or what "auto"
+    picks ("torch" stays "torch")."""
+    from ringzero.comm import select
+    from ringzero.parallel.stages import ShardingConfig
+    algo = ShardingConfig(algorithm=cfg.comm_algorithm).algorithm_for(collective) if group in DP_GROUPS \
+        else cfg.tp_algorithm
+    return select.choose(collective, n, nbytes, node_size(cfg, n)) if algo == "auto" else algo
+
+
+def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0,
+            sp_elements: int | None = None) -> dict[str, int]:
+    """Bytes `rank` sends and receives in one step ("auto" resolved exactly as `ringzero.comm` does;
+    "torch", the backend's own collective, as its ring twin `plan.comm.volume.BACKEND_TWIN`, which
+    the traffic meter cannot see): every group's collectives (`grouped_calls`) and a pipeline
+    stage's point-to-point messages."""
+    p2p = pipe.p2p_traffic(cfg, cfg.placement(world).coords(rank)["pp"])
+    sent, recv = p2p["bytes_sent"], p2p["bytes_recv"]
+    for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank):
+        rpn, r = node_size(cfg, n), _index(cfg, world, group, rank)
+        for collective, count, size, times in group_calls:
+            algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
+            v = volume(call_for(collective, algo, n, count, size, ranks_per_node=rpn), r)
+            sent += times * v.bytes_sent
+            recv += times * v.bytes_recv
+    return {"bytes_sent": sent, "bytes_recv": recv}
+
+
+def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
+                 sp_elements: int | None = None, rank: int = 0) -> float:
+    """Seconds of the step's collectives under this machine's calibrated α-β-γ model."""
+    return sum(call_seconds(cfg, group, collective, n, count * size) * times
+               for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank)
+               for collective, count, size, times in group_calls)
+
+
+def call_seconds(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> float:
+    """One call's seconds under the calibrated α-β-γ model."""
+    from ringzero.comm import select
+    return select.seconds(collective, algorithm(cfg, group, collective, n, nbytes), n, nbytes,
+                          node_size(cfg, n))
+
+
+def optimizer_shard(cfg: TrainConfig, world: int, rank: int = 0) -> float:
+    """Parameters in `rank`'s optimizer shard (the fused AdamW kernel runs over them once)."""
+    dp = cfg.placement(world).dp
+    return local_params(cfg, world, rank) / (dp if strategy(cfg).zero else 1)
+
