@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench calibrate clean gpu-check
+.PHONY: run test bench calibrate clean gpu-check docs docs-build
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +36,13 @@ bench: $(STAMP)
 gpu-check: $(STAMP)
 	mkdir -p out
 	$(PY) -m ringzero.gpu_check --out out/gpu_check.json
+
+# The documentation site (mkdocs.yml, docs/): served with live reload, or built as the tests build it.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs serve
+
+docs-build: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir out/site
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

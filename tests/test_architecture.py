@@ -130,7 +130,7 @@ def test_no_import_circles():
 
 FORBIDDEN = {
     "plan": {"comm", "parallel", "run", "twin", "train", "checkpoint", "commands", "bench", "launch"},
-    "run": {"parallel", "twin", "train", "checkpoint", "commands", "bench", "launch"},
+    "run": {"parallel", "twin", "train", "commands", "bench", "launch"},
     "twin": {"parallel", "train", "commands", "bench", "launch"},
     "comm": {"parallel", "run", "twin", "train", "checkpoint", "commands", "bench"},
     "parallel": {"run", "twin", "train", "checkpoint", "commands", "bench"},

@@ -14,7 +14,8 @@ from ringzero.checkpoint.load import Reader
 from ringzero.checkpoint.manifest import CheckpointError, read
 from ringzero.train import checkpointing
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import Trainer, train_rank
+from ringzero.train.engine import Trainer
+from ringzero.train.rank import train_rank
 
 BASE = dict(model="nano", seq=16, eval_every=1000, eval_batches=1, max_bytes=1 << 15, steps=6, warmup=2)
 

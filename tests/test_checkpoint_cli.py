@@ -14,7 +14,8 @@ from ringzero import cli
 from ringzero.checkpoint.load import Reader
 from ringzero.parallel.topology import Topology
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import Trainer, train_rank
+from ringzero.train.engine import Trainer
+from ringzero.train.rank import train_rank
 
 BASE = dict(model="nano", seq=16, eval_every=1000, eval_batches=1, max_bytes=1 << 15, warmup=2)
 QUICK = ["--seq", "16", "--micro-batch", "2", "--max-bytes", "32768", "--eval-batches", "1", "--quiet"]

@@ -19,9 +19,9 @@ from ringzero.checkpoint.manifest import CheckpointError, read
 from ringzero.checkpoint.folders import crc32, foreign
 from ringzero.checkpoint.save import write
 from ringzero.checkpoint.verify import verify
-from ringzero.run import checkpoint_options
+from ringzero.checkpoint import preflight
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 
 BASE = dict(model="nano", seq=16, eval_every=1000, eval_batches=1, max_bytes=1 << 15, warmup=2, micro_batch=2)
 QUICK = ["--seq", "16", "--micro-batch", "2", "--max-bytes", "32768", "--eval-batches", "1", "--warmup", "2",
@@ -256,8 +256,8 @@ def test_a_resume_of_another_shape_names_the_values_not_none(runs, capsys):
 def test_a_resume_that_changes_the_run_says_what_and_one_that_does_not_stays_quiet(runs):
     d = str(runs / "a" / "step-00000003")
     same = TrainConfig(steps=6, resume=d, **BASE)
-    assert checkpoint_options.preflight(same, 2) == []
+    assert preflight.preflight(same, 2) == []
     changed = TrainConfig(steps=9, seed=3, resume=d, **{**BASE, "micro_batch": 4})
-    (line,) = checkpoint_options.preflight(changed, 2)
+    (line,) = preflight.preflight(changed, 2)
     assert "global batch 4 -> 8" in line and "steps 6 -> 9" in line and "seed 0 -> 3" in line
     assert "differs from the unbroken run" in line

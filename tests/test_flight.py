@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ringzero import comm
 from ringzero.comm import flight
-from ringzero.comm.flight import CallRecord, Timeline, waits
+from ringzero.comm.timeline import CallRecord, Timeline, waits
 
 
 def _rec(start, end, seq=0, ranks=(0, 1), beside=False):
@@ -52,7 +52,7 @@ def test_a_wait_beside_computation_counts_only_while_the_computing_thread_is_blo
 
 def _late_rank(group, delay):
     t = torch.ones(1 << 18)
-    with flight.Timeline() as tl:
+    with Timeline() as tl:
         comm.all_reduce(t, group=group, algorithm="ring")
         if dist.get_rank(group) == 1:
             time.sleep(delay)

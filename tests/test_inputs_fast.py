@@ -126,9 +126,7 @@ def test_the_deepest_model_on_a_billion_gpus_is_refused_in_one_line():
 def test_the_python_api_refuses_past_the_limits_and_answers_at_them():
     """recommend and search refuse 10,000 layers (they never answered); at the limits (1,024 layers,
     10⁹ GPUs) the recommendation's pipeline cut is cheap."""
-    from ringzero.plan import Training, hardware
-    from ringzero.plan.search import recommend
-    from ringzero.plan.search import space as search
+    from ringzero.plan import Training, hardware, recommend, search
     from ringzero.plan.model.shapes import ModelShape
     hw = hardware("a100-80gb")
     deep = ModelShape(layers=10000, hidden=65536, heads=512, vocab=50257, seq=2048)
@@ -179,15 +177,15 @@ def test_train_refuses_bad_input_without_importing_torch(argv, words):
     assert "TORCH=False" in r.stderr
 
 
-# 5. One default dropout: the README's snippet and `ringzero plan` agree.
+# 5. One default dropout: the docs' snippet (docs/planning.md) and `ringzero plan` agree.
 
-def _readme_snippet() -> str:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+def _docs_snippet() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "planning.md").read_text(), flags=re.S)
     return next(b for b in blocks if "estimate(model(" in b)
 
 
-def test_the_readme_snippet_is_what_ringzero_plan_prints(capsys):
-    snippet = _readme_snippet()
+def test_the_docs_snippet_is_what_ringzero_plan_prints(capsys):
+    snippet = _docs_snippet()
     assert 'model("llama-2-7b")' in snippet and "Parallel(dp=8, zero=3)" in snippet, snippet
     scope: dict = {}
     exec(snippet.replace("e.memory.total, e.fits", "_ = e.memory.total, e.fits"), scope)   # noqa: S102

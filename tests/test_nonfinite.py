@@ -12,7 +12,7 @@ import pytest
 
 from ringzero import cli
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 
 BASE = dict(model="nano", seq=16, micro_batch=2, eval_every=1000, eval_batches=1, max_bytes=1 << 15, steps=5)
 QUICK = ["--seq", "16", "--micro-batch", "2", "--max-bytes", "32768", "--eval-batches", "1", "--steps", "5",

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ringzero.parallel.offload.nvme_swap import probe_disk
-from ringzero.parallel.offload.optimizer import (CpuOffloadAdam, NvmeOffloadAdam, OffloadConfig, check_directory,
-                                       check_offload, offloaded_adam)
+from ringzero.parallel.offload.config import OffloadConfig, check_directory, check_offload
+from ringzero.parallel.offload.optimizer import CpuOffloadAdam, NvmeOffloadAdam, offloaded_adam
 from ringzero.parallel.offload.params import ParamStore
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
 from ringzero.plan.strategies import offload as plan
@@ -239,7 +239,7 @@ def test_a_read_only_nvme_path_is_a_one_line_error(tmp_path, monkeypatch):
     if os.geteuid() == 0:            # root writes anywhere: refuse as a read-only mount would
         def refuse(*args, **kw):
             raise PermissionError(13, "Permission denied")
-        monkeypatch.setattr("ringzero.parallel.offload.optimizer.tempfile.mkstemp", refuse)
+        monkeypatch.setattr("ringzero.parallel.offload.config.tempfile.mkstemp", refuse)
     try:
         assert "is not writable (Permission denied)" in one_line_error(check_offload, config, 0, 0)
     finally:

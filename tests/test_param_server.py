@@ -14,7 +14,7 @@ from ringzero.parallel.ps import client as ps_client
 from ringzero.parallel.ps import server as ps_server
 from ringzero.plan.strategies.param_server import comm_seconds
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 from ringzero.twin.ps import twins, waits
 
 from cli_errors import train_fails

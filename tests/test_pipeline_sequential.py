@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ringzero.parallel.pp.pipeline import apply_pipeline
-from ringzero.parallel.stages import ShardingConfig
+from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.topology import Topology
 from ringzero.plan.placement import Placement

@@ -19,7 +19,7 @@ import pytest
 from rich.console import Console
 
 from ringzero import cli
-from ringzero.comm.flight import CallRecord, Timeline
+from ringzero.comm.timeline import CallRecord, Timeline
 from ringzero.plan.comm import links
 from ringzero.plan.comm.algorithms import ALGORITHMS
 from ringzero.twin import step as predict_step
@@ -27,7 +27,8 @@ from ringzero.twin import report
 from ringzero.twin import wait as report_wait
 from ringzero.twin import zero as report_zero
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import RankResult, train_rank
+from ringzero.train.engine import RankResult
+from ringzero.train.rank import train_rank
 
 from test_links import _prefix, _flatten
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 from ringzero.twin.wait import render, twins, waits
 
 BASE = dict(model="nano", seq=32, micro_batch=2, eval_every=1000, eval_batches=1, max_bytes=1 << 16, steps=6)
@@ -37,7 +37,7 @@ def test_ranks_wait_for_the_straggler_as_predicted(pool, strategy):
 def test_no_straggler_no_twin_and_the_table_has_every_rank():
     from rich.console import Console
 
-    from ringzero.comm.flight import CallRecord, Timeline
+    from ringzero.comm.timeline import CallRecord, Timeline
     from ringzero.train.engine import RankResult
     ph = dict(forward=0.1, backward=0.2, comm=0.05, optimizer=0.01, straggler=0.0)
     calls = [[CallRecord("all_reduce", (0, 1), 0, start=0.0, end=0.05)],

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ringzero.parallel.offload.optimizer import NvmeOffloadAdam, OffloadConfig
+from ringzero.parallel.offload.config import OffloadConfig
+from ringzero.parallel.offload.optimizer import NvmeOffloadAdam
 from ringzero.parallel.optimizer import AdamConfig
 from ringzero.plan.strategies.swap_pipeline import io_queue, swap_seconds
 from ringzero.train.offload_probe import interference, measure

@@ -16,7 +16,7 @@ from ringzero.comm import registry
 from ringzero.twin import predict
 from ringzero.twin import report
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 
 OFFERED = registry.SPECIAL + registry.algorithms("all_reduce")
 STRATEGIES = ("dp", "zero3")

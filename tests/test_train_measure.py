@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ringzero.plan.model.shapes import param_count
 from ringzero.twin import predict
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 
 STRATEGIES = ("dp", "zero1", "zero2", "zero3")
 BASE = dict(model="nano", seq=16, micro_batch=1, steps=2, max_bytes=65536, eval_every=1000,

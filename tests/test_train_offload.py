@@ -11,7 +11,7 @@ import pytest
 
 from ringzero.run.config import TrainConfig
 from ringzero.run.deepspeed.reader import from_deepspeed
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 
 from cli_errors import train_fails
 

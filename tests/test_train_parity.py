@@ -31,12 +31,13 @@ from torch import nn
 
 from ringzero import comm
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
-from ringzero.parallel.stages import ShardingConfig, stage
+from ringzero.parallel.sharding_config import ShardingConfig
+from ringzero.plan.strategies.sharding import strategy as sharding_of
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.run.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 from ringzero.train.model import GPT
 
 STRATEGIES = ("dp", "zero1", "zero2", "zero3")
@@ -137,7 +138,7 @@ def _full_weights(sh, group) -> dict[str, torch.Tensor]:
     names = {id(p): n for n, p in sh.model.named_parameters()}
     out = {}
     for b, shard in zip((g.bucket for g in sh.groups), sh.owned_weights()):
-        if sh.schedule.shard_optimizer:
+        if sh.sharding.shard_optimizer:
             full = b.empty()
             comm.all_gather_into_tensor(full, shard.contiguous(), group=group, algorithm="torch")
         else:
@@ -158,7 +159,7 @@ def _nn_parity(group, strategy, micro, bucket_mb):
     X = torch.randn(n, 8, generator=torch.Generator().manual_seed(1))
     Y = torch.randint(0, 5, (n,), generator=torch.Generator().manual_seed(2))
     ropt = torch.optim.AdamW(ref.parameters(), lr=NN_LR, weight_decay=NN_WD, foreach=False)
-    sh = apply_sharding(model, topo, ShardingConfig(stage=stage(strategy), bucket_mb=bucket_mb))
+    sh = apply_sharding(model, topo, ShardingConfig(sharding=sharding_of(strategy), bucket_mb=bucket_mb))
     opt = ShardedAdam(sh.owned_weights(), AdamConfig(lr=NN_LR, weight_decay=NN_WD, clip=NN_CLIP),
                       sh.sum_over_owners())
     lossf = nn.CrossEntropyLoss()

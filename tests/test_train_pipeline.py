@@ -20,7 +20,7 @@ from ringzero.twin import predict
 from ringzero.twin import report
 from ringzero.twin import pipeline as pipe
 from ringzero.run.config import FieldError, TrainConfig
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 
 BASE = dict(model="nano", layers=8, seq=16, steps=2, micro_batch=1, eval_every=100, eval_batches=1,
             max_bytes=1 << 16, clip=0.5, comm_algorithm="ring", lr=1e-2)

@@ -17,9 +17,11 @@ from ringzero.plan.model.shapes import param_count
 from ringzero.train import probe
 from ringzero.twin import predict
 from ringzero.twin import step as predict_step
+from ringzero.twin import rates as probe_rates
 from ringzero.twin import report
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import Trainer, train_rank
+from ringzero.train.engine import Trainer
+from ringzero.train.rank import train_rank
 from ringzero.parallel.topology import Topology
 
 BASE = dict(model="nano", seq=16, micro_batch=2, steps=20, max_bytes=65536, eval_every=1000, eval_batches=1)
@@ -38,8 +40,8 @@ def test_probe_points_span_the_run():
 def test_pooled_rate_is_the_median_over_every_ranks_points():
     """Ranks sharing cores take turns at a core of their own: the run's rate is every rank's."""
     points = [[{"flops": 1.0}, {"flops": 5.0}], [{"flops": 2.0}, {"flops": 4.0}], [{"flops": 3.0}, {"flops": 9.0}]]
-    assert probe.pooled_flops(points) == 3.5
-    assert probe.pooled_flops(points, 0) == 2.0 and probe.pooled_flops(points, 1) == 5.0
+    assert probe_rates.pooled_flops(points) == 3.5
+    assert probe_rates.pooled_flops(points, 0) == 2.0 and probe_rates.pooled_flops(points, 1) == 5.0
 
 
 @pytest.mark.parametrize("recompute", ("none", "selective", "full"))
@@ -90,7 +92,7 @@ def _two_ranks(pool):
 @pytest.mark.timeout(240)
 def test_every_rank_probes_at_every_point_and_every_collective(pool):
     for cfg, results in _two_ranks(pool).items():
-        keys = {probe.call_key(c, n, size) for c, n, size, _ in predict.calls(cfg, 2, results[0].buckets)}
+        keys = {probe_rates.call_key(c, n, size) for c, n, size, _ in predict.calls(cfg, 2, results[0].buckets)}
         if cfg.precision == "fp16":
             assert any(k.endswith("x2") for k in keys)    # 16-bit buckets are probed in 16 bits
         for r in results:
@@ -131,7 +133,7 @@ def test_json_report_has_probe_spread_and_error_definition(pool):
         for c, n, size, t in predict.calls(cfg, 2, busiest.buckets):
             # ZeRO-3's all-gathers are waited for inside forward and backward: compute
             seconds["in_compute" if cfg.strategy == "zero3" and c == "all_gather" else "comm"] += (
-                t * busiest.probe["comm"][probe.call_key(c, n, size)])
+                t * busiest.probe["comm"][probe_rates.call_key(c, n, size)])
         assert step["comm"] == pytest.approx(seconds["comm"]) and step["comm"] > 0
         assert step["in_compute"] == pytest.approx(seconds["in_compute"])
         assert (step["in_compute"] > 0) == (cfg.strategy == "zero3")
@@ -172,7 +174,7 @@ def test_tensor_parallel_layers_and_a_straggler_are_probed_as_the_step_runs_them
     without = predict_step.comm_seconds(cfg, 2, buckets, alone, results[1].sp_elements, 1)
     from ringzero.plan.strategies.tensor_parallel import layer_collectives
     bsh = cfg.micro_batch * cfg.shape.seq * cfg.shape.hidden
-    layer = sum(k * rates["comm"][probe.call_key(c, bsh, 4, "tp")] for _, c, k in layer_collectives(True))
+    layer = sum(k * rates["comm"][probe_rates.call_key(c, bsh, 4, "tp")] for _, c, k in layer_collectives(True))
     ratio = max(0.0, rates["tp_layer_comm_s"]) / layer
     assert predict_step.tp_in_step_ratio(cfg, rates) == pytest.approx(ratio)
     # plain dp over the dp group: every collective inside compute is a tp one, each scaled by it

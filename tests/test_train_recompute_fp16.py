@@ -25,7 +25,8 @@ from ringzero.parallel.topology import Topology
 from ringzero.plan.model.presets import model as preset
 from ringzero.run.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
-from ringzero.train.engine import RankResult, Trainer, train_rank
+from ringzero.train.engine import RankResult, Trainer
+from ringzero.train.rank import train_rank
 from ringzero.train.model import GPT, AttentionCore
 
 MODES = ("none", "selective", "full")

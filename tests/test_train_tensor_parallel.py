@@ -17,7 +17,7 @@ from ringzero.plan.strategies import tensor_parallel
 from ringzero.twin import predict
 from ringzero.run.config import FieldError, TrainConfig
 from ringzero.run.deepspeed.reader import from_deepspeed
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 
 BASE = dict(model="nano", steps=2, micro_batch=2, grad_accum=2, eval_every=100, eval_batches=1,
             max_bytes=1 << 16, clip=0.5, comm_algorithm="ring")

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from ringzero.parallel.stages import DP, ShardingConfig
+from ringzero.parallel.sharding_config import ShardingConfig
+from ringzero.plan.strategies.sharding import DP
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.run.config import TrainConfig
@@ -105,7 +106,7 @@ class _Unused(nn.Module):
 def test_a_parameter_without_gradient_is_named_whatever_the_buckets():
     for bucket_mb in (25.0, 1e-5):       # one bucket, or a bucket per tensor (all of it idle)
         model = _Unused()
-        sh = apply_sharding(model, Topology(world=1, rank=0, dp=1), ShardingConfig(stage=DP, bucket_mb=bucket_mb))
+        sh = apply_sharding(model, Topology(world=1, rank=0, dp=1), ShardingConfig(sharding=DP, bucket_mb=bucket_mb))
         model(torch.randn(2, 4)).backward()
         with pytest.raises(RuntimeError, match="idle.weight"):
             sh.finish_backward()
@@ -113,8 +114,7 @@ def test_a_parameter_without_gradient_is_named_whatever_the_buckets():
 
 
 def test_recommendation_falls_back_to_zero3_when_no_tp_pp_grid_fits():
-    from ringzero.plan import Training, hardware
-    from ringzero.plan.search import recommend
+    from ringzero.plan import Training, hardware, recommend
     from ringzero.plan.model.shapes import ModelShape
     m = ModelShape(layers=41, hidden=8145, heads=45, vocab=32000, seq=2048)   # 41 layers, 45 heads: no grid
     r = recommend(m, Training(), hardware("a100-80gb"), 16)

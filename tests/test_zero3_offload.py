@@ -11,16 +11,17 @@ import os
 import pytest
 import torch
 
-from ringzero.parallel.offload.optimizer import OffloadConfig
+from ringzero.parallel.offload.config import OffloadConfig
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
-from ringzero.parallel.stages import ZERO3, ShardingConfig
+from ringzero.parallel.sharding_config import ShardingConfig
+from ringzero.plan.strategies.sharding import ZERO3
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.offload.zero3 import Staging
 from ringzero.plan.strategies import offload as plan
 from ringzero.plan.strategies.offload import OffloadDevice, param_record_bytes
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 from ringzero.train.model import GPT
 from ringzero.twin.offload import predict_offload
 
@@ -128,7 +129,7 @@ def test_reads_start_a_layer_ahead_and_staging_holds_weights_only_around_the_upd
     cfg = TrainConfig(**BASE, strategy="zero3", steps=1)
     model = GPT(cfg.shape)
     offload = OffloadConfig(device="nvme", nvme_path=str(tmp_path), buffer_count=2)
-    sh = apply_sharding(model, Topology.alone(), ShardingConfig(stage=ZERO3, offload_params=offload))
+    sh = apply_sharding(model, Topology.alone(), ShardingConfig(sharding=ZERO3, offload_params=offload))
     opt = ShardedAdam(sh.owned_weights(), AdamConfig(lr=1e-3))
     shard_bytes = sum(w.numel() * w.element_size() for w in sh.owned_weights())
     loads, load = [], sh.store.load

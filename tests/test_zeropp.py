@@ -2,7 +2,7 @@
 
 The guards are against what DeepSpeed users report from qwZ/hpZ runs: a loss that starts higher than
 ZeRO-3's (the first step's loss within 0.5 %), and one that collapses to zero or NaN (every loss
-finite and near ZeRO-3's: within 2 % at the end; `make run`'s model over 200 steps is in the README).
+finite and near ZeRO-3's: within 2 % at the end; `make run`'s model over 200 steps is in docs/zero.md).
 hpZ alone changes where the backward all-gather runs, not the weights it brings, so its losses equal
 ZeRO-3's bit for bit.
 """
@@ -21,7 +21,7 @@ from ringzero.twin import predict
 from ringzero.twin import links as predict_links
 from ringzero.run.config import TrainConfig
 from ringzero.run.deepspeed.reader import from_deepspeed
-from ringzero.train.engine import train_rank
+from ringzero.train.rank import train_rank
 
 from cli_errors import train_fails
 
@@ -103,7 +103,8 @@ def _quantized_sum(group, grads, bits):
     from torch import nn
 
     from ringzero import comm
-    from ringzero.parallel.stages import ZERO3, ShardingConfig
+    from ringzero.parallel.sharding_config import ShardingConfig
+    from ringzero.plan.strategies.sharding import ZERO3
     from ringzero.parallel.strategies import apply_sharding
     from ringzero.parallel.topology import Topology
     from ringzero.plan.placement import Placement
@@ -111,7 +112,7 @@ def _quantized_sum(group, grads, bits):
     with comm.configure(ranks_per_node=2):
         topo = Topology.build(Placement(dp=4, ranks_per_node=2), group, dp_partition=2)
         model = nn.Sequential(nn.ModuleList([nn.Linear(4, 4)]))
-        cfg = ShardingConfig(stage=ZERO3, algorithm="ring", zeropp=zeropp.ZeroPP(qgz=True, partition=2, grad_bits=bits))
+        cfg = ShardingConfig(sharding=ZERO3, algorithm="ring", zeropp=zeropp.ZeroPP(qgz=True, partition=2, grad_bits=bits))
         st = apply_sharding(model, topo, cfg)
         try:
             return st.reduce_quantized(grads[rank])

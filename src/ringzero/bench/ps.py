@@ -70,7 +70,7 @@ def check(args) -> list[tuple[str, TrainConfig]]:
 
 
 def _rank(cfg: TrainConfig):
-    from ringzero.train.engine import train_rank
+    from ringzero.train.rank import train_rank
     return train_rank(cfg, calibrate=False)
 
 

@@ -1,8 +1,8 @@
 """The recomputation suite of `ringzero bench train`, on rank 0 alone (the others wait at a barrier).
 
 Three copies of a GPT of the recomputation shape, recompute none / selective / full, trained on one
-rank with every core, steps interleaved as in `bench.train_ranks`; `SavedBytes` counts the
-activation bytes of one more forward each.
+rank with every core, steps interleaved as in `bench.train_ranks` (`bench.train_job.interleaved`);
+`SavedBytes` counts the activation bytes of one more forward each.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from ringzero.parallel.recompute import MODES, SavedBytes, apply_recompute
 from ringzero.train.data import ByteData, load_bytes
 from ringzero.train.model import GPT, AttentionCore
-from ringzero.bench.train_ranks import Job, _interleaved
+from ringzero.bench.train_job import Job, interleaved
 
 
 def recompute(job: Job) -> dict:
@@ -31,7 +31,7 @@ def recompute(job: Job) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(os.cpu_count() or 1)
     try:
-        res = _interleaved(variants, job.rc_steps, lambda: None)
+        res = interleaved(variants, job.rc_steps, lambda: None)
     finally:
         torch.set_num_threads(threads)
     for mode, v in variants.items():

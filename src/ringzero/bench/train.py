@@ -36,6 +36,8 @@ import statistics
 from ringzero.plan.model.activations import head_bytes, layer_bytes, layer_terms
 from ringzero.plan.model.shapes import ModelShape
 from ringzero.run.config import TrainConfig
+from ringzero.bench.train_job import PP_SCHEDULES, Job
+from ringzero.bench.train_report import print_report
 
 SUITE_NAMES = ("dp", "zero3", "recompute")
 # key -> (what, bound, "<=" or ">=")
@@ -50,7 +52,6 @@ TARGETS = {
 }
 TP_TARGETS = {"tp_time_vs_torch_tp": ("ringzero tp step time / torch parallelize_module", 1.00, "<=")}
 """Added when `--tp` asks for the tensor-parallel comparison."""
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 PP_TARGETS = {f"pp_{s}_time_vs_torch": (f"ringzero {s} step time / torch.distributed.pipelining", 1.00, "<=")
               for s in PP_SCHEDULES}
 """Added when `--pp` asks for the pipeline comparison."""
@@ -99,7 +100,6 @@ def add_arguments(parser) -> None:
 
 def build_job(args):
     """Validate every argument (ValueError with one line) and return what the ranks will run."""
-    from ringzero.bench.train_ranks import Job
     for flag in ("ranks_per_node", "emulate_inter_node"):
         if getattr(args, flag) is not None:
             raise ValueError(f"--{flag.replace('_', '-')} is for the ZeRO++ comparison: it needs --zeropp")
@@ -279,7 +279,6 @@ def run(args) -> int:
         result = zeropp.benchmark(args)
         zeropp.print_report(result)
     else:
-        from ringzero.bench.train_report import print_report
         result = benchmark(args)
         print_report(result)
     if args.json:

@@ -34,40 +34,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from ringzero.parallel.topology import Topology
-from ringzero.plan.model.shapes import ModelShape
 from ringzero.run.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
 from ringzero.train.engine import RankResult, Trainer
 from ringzero.train.model import GPT
 from ringzero.bench import pp_peer, tp_peer
+from ringzero.bench.recompute_ranks import recompute
+from ringzero.bench.train_job import Job, interleaved
 
 SUITES = {"dp": ("rz_dp", "ddp"), "zero3": ("rz_zero3", "fsdp2"), "tp": ("rz_tp", "torch_tp"),
           "pp_gpipe": ("rz_pp_gpipe", "torch_pp_gpipe"), "pp_1f1b": ("rz_pp_1f1b", "torch_pp_1f1b"),
           "pp_interleaved": ("rz_pp_interleaved", "torch_pp_interleaved")}
 PIPELINE_SUITES = ("pp_gpipe", "pp_1f1b", "pp_interleaved")
-
-
-@dataclass(frozen=True)
-class Job:
-    """What every rank runs (built and validated by `bench.train` before any rank starts)."""
-
-    cfg: TrainConfig
-    """Model, micro-batch, optimizer and bucket settings of the dp/zero3 comparisons."""
-    suites: tuple[str, ...]
-    """"dp", "zero3", "recompute"."""
-    rc_shape: ModelShape
-    rc_batch: int
-    rc_steps: int
-    torch_adam: str = "foreach"
-    """torch.optim.AdamW implementation of the DDP/FSDP2 peers: "fused" or "foreach" (torch's default)."""
-    pp_cfg: TrainConfig | None = None
-    """The pipeline comparisons' run (pp = the ranks, its micro-batches and layers; schedule per suite)."""
 
 
 def _nbytes(ts) -> int:
@@ -231,23 +214,6 @@ def _build(name: str, job: Job, group, data: ByteData):
     return _Torch(name, job.cfg, group, data, job.torch_adam)
 
 
-def _interleaved(variants: dict, steps: int, barrier) -> dict:
-    """{name: {"times": [s...], "losses": [...], "phases": [{...}]}}; step i of every variant
-    in an order rotated by i, each after a barrier."""
-    names = list(variants)
-    out = {n: {"times": [], "losses": [], "phases": []} for n in names}
-    for i in range(steps):
-        k = i % len(names)
-        for n in names[k:] + names[:k]:
-            barrier()
-            t0 = time.perf_counter()
-            loss, ph = variants[n].step(i)
-            out[n]["times"].append(time.perf_counter() - t0)
-            out[n]["losses"].append(loss)
-            out[n]["phases"].append(ph)
-    return out
-
-
 def _training(job: Job) -> dict:
     cfg = job.cfg
     data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
@@ -267,7 +233,7 @@ def _training(job: Job) -> dict:
                 v.close()
             out[suite] = {"errors": errors}
             continue
-        res = _interleaved(variants, cfg.steps, dist.barrier)
+        res = interleaved(variants, cfg.steps, dist.barrier)
         for name, v in variants.items():   # the measuring step, after the timed ones
             dist.barrier()
             v.step(cfg.steps, measure=True)
@@ -282,7 +248,6 @@ def rank_main(job: Job) -> dict:
     out = _training(job)
     if "recompute" in job.suites:
         if dist.get_rank() == 0:
-            from ringzero.bench.recompute_ranks import recompute     # imports this module's _interleaved
             out["recompute"] = recompute(job)
         dist.barrier()
     return out

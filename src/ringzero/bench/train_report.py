@@ -3,7 +3,7 @@ its torch peer, the pipeline comparisons, recomputation, and the performance tar
 
 from __future__ import annotations
 
-from ringzero.bench.train import PP_SCHEDULES
+from ringzero.bench.train_job import PP_SCHEDULES
 
 
 def _mib(n: float) -> str:

@@ -45,7 +45,7 @@ def build(args) -> tuple[TrainConfig, TrainConfig]:
 
 
 def rank_main(cfgs: tuple[TrainConfig, ...]) -> list[dict]:
-    from ringzero.train.engine import train_rank
+    from ringzero.train.rank import train_rank
     out = []
     for cfg in cfgs:
         r = train_rank(cfg, calibrate=False)

@@ -12,8 +12,6 @@ so an fp32 run resumes a bf16 checkpoint without loss and the other way round.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from ringzero.checkpoint.manifest import CheckpointError, Manifest, Piece, read

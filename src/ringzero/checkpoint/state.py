@@ -59,7 +59,7 @@ def pieces(strategy, topology, opt, writing: bool, states: dict | None = None) -
     `optimizer_states(opt)` already read); `writing`: only those this rank writes (see the module
     doc). "master/" only in 16-bit training: in fp32 the weights are the master."""
     names = {id(p): n for n, p in strategy.model.named_parameters()}
-    sharded = strategy.schedule.shard_optimizer
+    sharded = strategy.sharding.shard_optimizer
     if writing and not sharded and topology.dp_rank != 0:
         return []
     if opt is not None:

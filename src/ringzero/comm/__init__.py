@@ -11,7 +11,7 @@ torch.
 
 from __future__ import annotations
 
-import importlib
+from ringzero.lazy import exports
 
 _EXPORTS = {
     "all_reduce": "api", "reduce": "api", "broadcast": "api", "all_gather": "api",
@@ -23,15 +23,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = exports(__name__, _EXPORTS, globals())

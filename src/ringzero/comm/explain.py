@@ -22,7 +22,6 @@ import argparse
 import inspect
 import json
 import sys
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,44 +30,14 @@ from ringzero.plan.comm.volume import ROOTED, WHOLE_BUFFER, Volume, call_for, vo
 from ringzero.plan.units import NEGATIVE_VALUE, parse_size
 from ringzero.comm import registry, symbolic
 # as_dict and render are re-exported: they were defined in this module.
-from ringzero.comm.explain_render import ITEMSIZE, as_dict, render  # noqa: F401
-from ringzero.comm.symbolic import Message
+from ringzero.comm.explain_render import as_dict, render  # noqa: F401
+from ringzero.comm.explanation import ITEMSIZE, Explanation
 from ringzero.comm.symbolic_values import Sym
 
 MAX_WORLD = 16
 """One letter per rank, and a table that still fits a terminal."""
 
 DEFAULT_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """A symbolic run of one collective algorithm."""
-
-    collective: str
-    algorithm: str
-    world: int
-    root: int
-    ranks_per_node: int | None
-    summary: str
-    """First line of the algorithm's docstring."""
-    initial: tuple[tuple, ...]
-    """Per rank, the input buffer (for all_to_all the send buffer)."""
-    messages: tuple[Message, ...]
-    """Every message, sorted by (step, src, dst)."""
-    holdings: tuple[tuple[tuple, ...], ...]
-    """holdings[s - 1][r]: rank r's buffer after step s (for all_to_all the receive buffer)."""
-    final: tuple[tuple, ...]
-    """Per rank, the buffer when the algorithm returned."""
-    rounds: tuple[int, ...]
-    """Per rank, rounds as the traffic meter counts them."""
-
-    @property
-    def steps(self) -> int:
-        return len(self.holdings)
-
-    def messages_at(self, step: int) -> list[Message]:
-        return [m for m in self.messages if m.step == step]
 
 
 def normalize(collective: str) -> str:

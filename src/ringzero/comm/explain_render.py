@@ -1,12 +1,11 @@
 """Output of `ringzero explain`: the rich walk-through for people and the plain data of `--json`.
 
-Pure formatting of an `Explanation` (built by `ringzero.comm.explain`, which calls into here).
+Pure formatting of an `Explanation` (`ringzero.comm.explanation`, built by `ringzero.comm.explain`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console
@@ -15,12 +14,8 @@ from rich.text import Text
 
 from ringzero.plan.comm.algorithms import NODE_AWARE
 from ringzero.plan.comm.volume import ROOTED, Volume
+from ringzero.comm.explanation import ITEMSIZE, Explanation
 from ringzero.comm.symbolic_values import fmt, letter
-
-if TYPE_CHECKING:  # only for annotations: explain.py imports this module
-    from ringzero.comm.explain import Explanation
-
-ITEMSIZE = 4  # float32, as the totals say; here, not in explain.py, which imports this module
 
 SOURCES = {
     "ring": "Patarasuk & Yuan 2009", "rabenseifner": "Rabenseifner 2004",

@@ -15,6 +15,7 @@ from rich.table import Table
 from ringzero.plan.strategies.compare import strategy_comparison
 from ringzero.plan.estimate import Estimate
 from ringzero.plan.strategies.memory import state_bytes
+from ringzero.plan.strategies.sharding import by_zero
 from ringzero.plan.search.why import schedule_label
 from ringzero.plan.model.shapes import approx_params
 from ringzero.plan.step_time import op_seconds
@@ -124,10 +125,10 @@ def memory(e: Estimate) -> Table:
     mem, hw, tr, p = e.memory, e.hardware, e.training, e.parallel
     sb = state_bytes(tr.precision, tr.optimizer)
     t = _table("Memory per GPU", "", "GB (10⁹ B)", "GiB (2³⁰ B)", "note", right=(1, 2))
-    share = f" / dp {p.dp}" if p.dp > 1 else ""
-    notes = {"params": f"{sb.weights} B/param / (tp·pp){share if p.zero >= 3 else ''}",
-             "grads": f"{sb.grads} B/param / (tp·pp){share if p.zero >= 2 else ''}",
-             "optimizer": f"{sb.optimizer} B/param / (tp·pp){share if p.zero >= 1 else ''}"
+    share, s = (f" / dp {p.dp}" if p.dp > 1 else ""), by_zero(p.zero)
+    notes = {"params": f"{sb.weights} B/param / (tp·pp){share if s.shard_params else ''}",
+             "grads": f"{sb.grads} B/param / (tp·pp){share if s.shard_grads else ''}",
+             "optimizer": f"{sb.optimizer} B/param / (tp·pp){share if s.shard_optimizer else ''}"
                           + (f", offloaded to {p.offload}" if p.offload != "none" else ""),
              "activations": f"micro-batch {tr.micro_batch}, recompute {p.recompute}",
              "buffers": "gradient buckets / ZeRO-3 layers / pipeline send-receive"}

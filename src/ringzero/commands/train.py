@@ -26,6 +26,7 @@ from ringzero.errors import usage
 from ringzero.rank_io import in_torchrun
 from ringzero.run.config import STRATEGIES, TrainConfig, choices
 from ringzero.run.deepspeed.reader import from_deepspeed
+from ringzero.run.kind import RunKind
 from ringzero.watchdog import WatchdogPolicy
 from ringzero.commands import train_args, train_log, train_restarts
 from ringzero.commands.train_layout import auto_layout, layout_why
@@ -134,7 +135,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     from ringzero import outputs
     from ringzero.comm import config as comm_config
     from ringzero.train import data
-    from ringzero.run import checkpoint_options
+    from ringzero.checkpoint.preflight import preflight
     from ringzero.twin import footprint
     from ringzero.run import ps_options
     from ringzero.run import zero_options
@@ -145,7 +146,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     watch = WatchdogPolicy(floor_s=args.stall_timeout)
     comm_config.CommConfig()                      # reads RINGZERO_CHECKS / TORCH_DISTRIBUTED_DEBUG
     cfg = config_from(args, world)
-    if cfg.strategy == "ps":                       # --nproc counts the workers; the servers come on top
+    if cfg.kind is RunKind.PARAMETER_SERVER:       # --nproc counts the workers; the servers come on top
         world += 0 if torchrun else cfg.servers
         ps_options.check_world(cfg, world)
         cfg.placement(ps_options.workers(cfg, world))
@@ -157,7 +158,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
                          "(with --save-dir, each restart resumes from the newest checkpoint)")
     train_args.check_injections(cfg, world)       # a rank that steps, a step the run takes
     zero_options.zeropp(cfg, world)                # ZeRO++'s blocks against the dp ranks
-    if cfg.strategy == "single" and world != 1:
+    if cfg.kind is RunKind.SINGLE and world != 1:
         raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
                          f"{', '.join(s for s in STRATEGIES if s != 'single')}")
     inputs = {"--data": cfg.data, "--config": args.config, "--init-from": cfg.init_from, "--resume": cfg.resume,
@@ -170,22 +171,39 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
             raise ValueError("--pipeline-plot draws a pipeline's schedule: it needs --pp > 1")
         outputs.plot_format(args.pipeline_plot, "--pipeline-plot")
         outputs.not_an_input(args.pipeline_plot, "--pipeline-plot", {**inputs, "--json-report": args.json_report})
-    if not torchrun and cfg.strategy != "ps":
+    if not torchrun and cfg.kind is not RunKind.PARAMETER_SERVER:
         footprint.check(cfg, world, force=args.force)
-        zero_options.check_resources(cfg, world, say=lambda line: None if args.quiet else
-                                     print(line, file=sys.stderr, flush=True))
+        _offload_resources(cfg, world, args.quiet)
     data.check(len(data.corpus_bytes(cfg.data, cfg.max_bytes)), cfg.shape.seq)   # path and size, checked now
-    for line in checkpoint_options.preflight(train_restarts.torchrun_attempt(cfg, torchrun), world):
+    for line in preflight(train_restarts.torchrun_attempt(cfg, torchrun), world):
         if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
             print(line, file=sys.stderr, flush=True)
     return Job(cfg, world, watch)
+
+
+
+def _offload_resources(cfg: TrainConfig, world: int, quiet: bool) -> None:
+    """Before any rank starts: say what offloading will need (`twin.offload.offload_needs`), and fail
+    in one line when the host memory or the drive under nvme_path does not have it."""
+    if cfg.offload_optimizer == "none" and cfg.offload_params == "none":
+        return
+    from ringzero.parallel.offload.config import OffloadConfig, check_offload
+    from ringzero.twin.offload import offload_needs
+    host, disk = offload_needs(cfg, world)
+    check_offload(OffloadConfig(device="nvme" if disk else "cpu", nvme_path=cfg.nvme_path if disk else None),
+                  host, disk)
+    if not quiet:
+        where = f" and {disk / 2**30:.3f} GiB on disk under {cfg.nvme_path}" if disk else ""
+        print(f"ringzero: offload ({cfg.offload_optimizer} optimizer, {cfg.offload_params} parameters) needs "
+              f"{host / 2**30:.3f} GiB of host memory{where} for {world} rank{'s' if world > 1 else ''}",
+              file=sys.stderr, flush=True)
 
 
 def _rank_main(cfg: TrainConfig, quiet: bool, torchrun: bool, checks: bool = False):
     import torch.distributed as dist
 
     from ringzero.comm import config as comm_config
-    from ringzero.train.engine import train_rank
+    from ringzero.train.rank import train_rank
     from ringzero.commands.train_log import StepCallback
     if checks:
         comm_config.set_config(dataclasses.replace(comm_config.get_config(), checks=True))
@@ -233,7 +251,7 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     from ringzero.twin import report
     from ringzero.twin import wait as report_wait
     console = Console()
-    if cfg.strategy == "ps":
+    if cfg.kind is RunKind.PARAMETER_SERVER:
         from ringzero.twin import ps as report_ps
         return report_ps.report(cfg, world, results, path, console)
     console.print(report.validation_line(cfg, results[0].val))

@@ -45,7 +45,8 @@ def check_injections(cfg, world: int) -> None:
     loop does: step s is the one the progress shows as "step s+1/N", and a kill at step s comes
     right after the checkpoint of step s. A resumed run takes only the steps from its checkpoint's
     on (`TrainConfig` itself refuses a step at or beyond --steps)."""
-    from ringzero.run.ps_options import PS, workers
+    from ringzero.run.kind import RunKind
+    from ringzero.run.ps_options import workers
     faults = [(f, inj) for f, inj in (("--inject-nonfinite", cfg.inject_nonfinite), ("--inject-kill", cfg.inject_kill))
               if inj is not None]
     if not faults:
@@ -55,7 +56,7 @@ def check_injections(cfg, world: int) -> None:
         gradient = flag == "--inject-nonfinite"
         ranks = workers(cfg, world) if gradient else world
         if rank >= ranks:
-            whose = " that compute gradients (the servers compute none)" if gradient and cfg.strategy == PS else ""
+            whose = " that compute gradients (the servers compute none)" if gradient and cfg.kind is RunKind.PARAMETER_SERVER else ""
             raise ValueError(f"{flag} rank {rank} is not one of the {ranks} ranks{whose}; allowed: 0-{ranks - 1}")
         if not first <= step < cfg.steps:
             resumed = f" (it resumes from the checkpoint of step {first})" if first else ""

@@ -13,7 +13,7 @@ from ringzero.parallel.flat_strategy import FlatStrategy
 
 
 class DataParallel(FlatStrategy):
-    schedule = DP
+    sharding = DP
 
     def _reduce(self, g: FlatGroup) -> None:
         if self.topology.dp > 1:     # one rank: the sum is the gradient (and no group is needed)

@@ -2,15 +2,16 @@
 
 A bucket of parameters p_0..p_k (one dtype) lives in one buffer of `padded` elements, p_i at
 [offset_i, offset_i + numel_i); the tail is zero padding so that the buffer splits into `shards`
-equal pieces, ceil(numel / shards) each (ZeRO pads the same way). Rank r owns [r·shard, (r+1)·shard).
-Collectives then move one contiguous tensor per bucket, and a rank's optimizer works on its slice.
+equal pieces, ceil(numel / shards) each (ZeRO pads the same way; `plan.strategies.sharding.shard_numel`,
+the planner's count). Rank r owns [r·shard, (r+1)·shard). Collectives then move one contiguous
+tensor per bucket, and a rank's optimizer works on its slice.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
+
+from ringzero.plan.strategies.sharding import shard_numel
 
 
 class FlatBucket:
@@ -30,7 +31,7 @@ class FlatBucket:
             self.offsets.append(self.offsets[-1] + n)
         self.numel = self.offsets[-1]
         self.shards = shards
-        self.shard = math.ceil(self.numel / shards)
+        self.shard = shard_numel(self.numel, shards)
         self.padded = self.shard * shards
         self.lo, self.hi = index * self.shard, (index + 1) * self.shard
         self.dtype, self.device = params[0].dtype, params[0].device

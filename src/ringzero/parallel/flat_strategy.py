@@ -4,8 +4,8 @@ A strategy lays the model's parameters out in `FlatGroup`s and hooks the model s
 reduced over the dp group as backward produces them (Li et al. 2020's bucketing: a bucket's
 collective starts from a post-accumulate-grad hook once its last gradient has arrived, so
 communication overlaps the rest of backward). What is sharded, which collective reduces and when
-comes from the strategy's `plan.strategies.sharding.Strategy` (`schedule`); the subclasses in
-`data_parallel.py`, `zero.py` and `zero3.py` say how. Every collective runs on the injected
+comes from the strategy's `plan.strategies.sharding.Strategy` (`sharding`); the subclasses in
+`data_parallel.py`, `zero/zero12.py` and `zero/zero3.py` say how. Every collective runs on the injected
 `CommQueue`, in issue order.
 
 The public interface, all a trainer, optimizer or benchmark uses:
@@ -36,7 +36,7 @@ from ringzero.plan.strategies.sharding import Strategy
 from ringzero.parallel.comm_queue import CommQueue
 from ringzero.parallel.flat import FlatBucket
 from ringzero.parallel.flat_group import FlatGroup, Weights, nbytes
-from ringzero.parallel.stages import ShardingConfig
+from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.parallel.topology import Topology
 
 
@@ -52,7 +52,7 @@ class Accumulation(enum.Enum):
 class FlatStrategy:
     """`model` in flat buckets with this strategy's gradient hooks (see the module doc)."""
 
-    schedule: Strategy
+    sharding: Strategy
 
     def __init__(self, model: nn.Module, topology: Topology, config: ShardingConfig,
                  queue: CommQueue | None = None) -> None:
@@ -66,7 +66,7 @@ class FlatStrategy:
         `zero_grad`): where a non-finite step came from."""
         self.poison = False
         """Put an inf into the next bucket reduced (a fault injected on purpose, then cleared)."""
-        shards, index = (topology.dp, topology.dp_rank) if self.schedule.shard_optimizer else (1, 0)
+        shards, index = (topology.dp, topology.dp_rank) if self.sharding.shard_optimizer else (1, 0)
         params, root = self._buckets()
         self.groups = [FlatGroup(FlatBucket(ps, shards, index), i, root=i == root) for i, ps in enumerate(params)]
         self.accumulation, self._hooks = Accumulation.HOOKED, []
@@ -76,11 +76,11 @@ class FlatStrategy:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(g, i)))
 
     def accumulate_in_place(self) -> None:
-        """HOOKED -> IN_PLACE (see `Accumulation`): for schedules that reduce once, after their last
+        """HOOKED -> IN_PLACE (see `Accumulation`): for strategies that reduce once, after their last
         backward (a pipeline's flush), where a per-parameter Python hook is pure cost (~2 us x
         parameters x micro-batches) and a bucket must not be reduced early. Only strategies whose
         weights stay whole (DP, ZeRO-1) can: ZeRO-2/3 reduce during backward by design."""
-        if self.schedule.reduces_every_micro_batch or self.schedule.shard_params:
+        if self.sharding.reduces_every_micro_batch or self.sharding.shard_params:
             raise ValueError(f"{type(self).__name__} reduces during backward; it cannot accumulate in place")
         for h in self._hooks:
             h.remove()
@@ -119,8 +119,8 @@ class FlatStrategy:
         g.accumulate(i, p)
 
     def _bucket_done(self, g: FlatGroup) -> None:
-        """Bucket g has every gradient of this backward: reduce it when the schedule says so."""
-        if self.sync or self.schedule.reduces_every_micro_batch:
+        """Bucket g has every gradient of this backward: reduce it when the strategy's table says so."""
+        if self.sync or self.sharding.reduces_every_micro_batch:
             self.queue.submit(self._checked_reduce, g)
 
     def _checked_reduce(self, g: FlatGroup) -> None:
@@ -172,14 +172,14 @@ class FlatStrategy:
 
     def reduced_grads(self) -> list[torch.Tensor]:
         """This rank's summed gradient for each bucket's shard (the whole bucket when unsharded)."""
-        if self.schedule.shard_optimizer:
+        if self.sharding.shard_optimizer:
             return [g.grad_shard if g.grad_shard is not None else g.bucket.empty(shard=True) for g in self.groups]
         return [g.grad_flat if g.grad_flat is not None else g.bucket.empty() for g in self.groups]
 
     def sum_over_owners(self):
         """A function that sums a tensor in place over the ranks whose gradient shards differ (for
         the global norm); None when every rank holds every gradient."""
-        if not (self.schedule.norm_all_reduce and self.topology.dp > 1):
+        if not (self.sharding.norm_all_reduce and self.topology.dp > 1):
             return None
 
         def reduce(t: torch.Tensor) -> None:
@@ -239,7 +239,7 @@ class FlatStrategy:
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes of weights and gradients this rank holds between steps (tensor sizes, padding included)."""
-        s = self.schedule
+        s = self.sharding
         params = nbytes(g.shard for g in self.groups) if s.shard_params else nbytes(g.full for g in self.groups)
         grads = nbytes(g.grad_shard if s.shard_grads else g.grad_flat for g in self.groups)
         return {"params": params, "grads": grads}
@@ -247,7 +247,7 @@ class FlatStrategy:
     def transient_bytes(self) -> int:
         """Full-size buffers alive now beyond what is held between steps: gathered layers, all-gather
         outputs being filled, unreduced gradient flats and parameter gradients not yet in a flat."""
-        s = self.schedule
+        s = self.sharding
         n = nbytes(g.full for g in self.groups) + nbytes(g.landing for g in self.groups) if s.shard_params else 0
         if self.accumulation is Accumulation.HOOKED:      # in place, .grad is a view of the flat
             n += nbytes(p.grad for g in self.groups for p in g.params)

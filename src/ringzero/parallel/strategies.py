@@ -7,20 +7,20 @@ from torch import nn
 from ringzero.parallel.comm_queue import CommQueue
 from ringzero.parallel.data_parallel import DataParallel
 from ringzero.parallel.flat_strategy import FlatStrategy
-from ringzero.parallel.stages import ShardingConfig
+from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.zero.zero12 import ZeRO1, ZeRO2
 from ringzero.parallel.zero.zero3 import ZeRO3
 from ringzero.parallel.zero.zeropp import ZeROPlusPlus
 
-CLASSES: dict[str, type[FlatStrategy]] = {c.schedule.name: c for c in (DataParallel, ZeRO1, ZeRO2, ZeRO3)}
+CLASSES: dict[str, type[FlatStrategy]] = {c.sharding.name: c for c in (DataParallel, ZeRO1, ZeRO2, ZeRO3)}
 
 
 def apply_sharding(model: nn.Module, topology: Topology, config: ShardingConfig,
                    queue: CommQueue | None = None) -> FlatStrategy:
-    """Lay out `model` for `config.stage` over `topology`'s dp group; its collectives run on `queue`
+    """Lay out `model` for `config.sharding` over `topology`'s dp group; its collectives run on `queue`
     (a new one, owned and closed by the strategy, when None)."""
-    cls = ZeROPlusPlus if config.zeropp is not None else CLASSES[config.stage.name]
+    cls = ZeROPlusPlus if config.zeropp is not None else CLASSES[config.sharding.name]
     if config.offload_params is not None:
         from ringzero.parallel.offload.zero3 import ZeRO3ParamOffload
         cls = ZeRO3ParamOffload

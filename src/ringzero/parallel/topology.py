@@ -62,13 +62,6 @@ def _new_group(global_ranks: tuple[int, ...], whole: tuple[int, ...], whole_grou
     return _GROUPS[global_ranks]
 
 
-def _embedding_members(placement: Placement, rank: int) -> tuple[int, ...]:
-    c = placement.coords(rank)
-    if c["pp"] not in (0, placement.pp - 1):
-        return (rank,)
-    return (placement.rank(tp=c["tp"], dp=c["dp"], pp=0), placement.rank(tp=c["tp"], dp=c["dp"], pp=placement.pp - 1))
-
-
 @dataclass(frozen=True, kw_only=True)
 class Topology:
     """This rank's place in a dp x tp x pp grid, and the process groups of its dimensions."""
@@ -165,7 +158,7 @@ class Topology:
             members = placement.group(dims, rank)
             groups[dims] = _new_group(tuple(whole[r] for r in members), whole, group)
         if placement.pp > 1:                            # last, so every rank makes it in the same place
-            members = _embedding_members(placement, rank)
+            members = placement.embedding_members(rank)
             groups[("embedding",)] = _new_group(tuple(whole[r] for r in members), whole, group)
         if dp_partition is not None:                    # after the grid's, in one order everywhere
             zpp = ZeroPP(partition=dp_partition)

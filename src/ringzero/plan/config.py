@@ -19,6 +19,10 @@ from ringzero.plan.model.shapes import ModelShape
 from ringzero.plan.strategies.tensor_parallel import REPLAYS
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+VALUE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes of one weight, gradient or activation value in each precision (IEEE 754 binary32 and
+binary16; bfloat16 keeps fp32's 8-bit exponent in 16 bits). The fp32 master copy and the optimizer
+moments of mixed precision are fp32 (Micikevicius et al. 2018; Rajbhandari et al. 2020 §3.1)."""
 OPTIMIZERS = ("adam", "sgd-momentum")
 OFFLOADS = ("none", "cpu", "nvme")
 RECOMPUTES = ("none", "selective", "full")
@@ -42,6 +46,12 @@ def default_dropout(name: str) -> bool:
 def _choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(f"{what}={value!r} is not supported; allowed: {', '.join(allowed)}")
+
+
+def value_bytes(precision: str) -> int:
+    """Bytes of one value in `precision` (`VALUE_BYTES`); a one-line error for any other name."""
+    _choice("precision", precision, PRECISIONS)
+    return VALUE_BYTES[precision]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,7 +94,7 @@ class Training:
     @property
     def bytes_per_value(self) -> int:
         """Bytes of one parameter, gradient or activation element in compute precision."""
-        return 4 if self.precision == "fp32" else 2
+        return value_bytes(self.precision)
 
     def sequences_per_step(self, dp: int) -> int:
         return self.global_batch or self.micro_batch * dp

@@ -90,6 +90,14 @@ class Placement:
                    if all(self.coords(r)[d] == c[d] for d in DIMS if d not in dims)]
         return tuple(members)
 
+    def embedding_members(self, rank: int) -> tuple[int, ...]:
+        """The ranks that hold `rank`'s tied embedding under a pipeline: the first and the last stage
+        of its (tp, dp) column, which sum its gradient; `rank` alone on a stage between them."""
+        c = self.coords(rank)
+        if c["pp"] not in (0, self.pp - 1):
+            return (rank,)
+        return (self.rank(tp=c["tp"], dp=c["dp"], pp=0), self.rank(tp=c["tp"], dp=c["dp"], pp=self.pp - 1))
+
     def node_size(self, dim: str) -> int:
         """Members of a `dim` group that share a node."""
         rpn = self.ranks_per_node or self.world

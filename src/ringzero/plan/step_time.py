@@ -18,8 +18,8 @@
   (or layer) is exposed. TP and PP communication sits on the critical path (Megatron-LM).
 - Pipeline bubble (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021 §2.2): a fraction
   f = (p-1)/(m+p-1) of the pipeline's time, (p-1)/(v·m+p-1) with the interleaved schedule's v
-  chunks per rank (§2.2.2; `plan.pipeline.schedule.bubble_fraction`), so f/(1-f) x the compute time:
-  (p-1)/m x it, or (p-1)/(v·m).
+  chunks per rank (§2.2.2; `plan.pipeline.schedule.bubble_fraction`), so f/(1-f) x the compute time
+  (`bubble_seconds`, which the engine's twin prices its bubble with too): (p-1)/m x it, or (p-1)/(v·m).
 - Offload (ZeRO-Offload, Ren et al. 2021): gradients go down and weights come back over PCIe and
   the CPU runs the optimizer (`CPU_ADAM_PARAMS_PER_S`); with NVMe the optimizer states are also read
   and written at `nvme_bw`. All exposed: ringzero models no delayed parameter update.
@@ -40,6 +40,7 @@ from ringzero.plan.hardware import Hardware
 from ringzero.plan.strategies.memory import model_parallel_params, state_bytes
 from ringzero.plan.pipeline.layout import stage_layers
 from ringzero.plan.model.shapes import ModelShape, param_count
+from ringzero.plan.strategies.sharding import by_zero, shard_numel
 from ringzero.plan.strategies.traffic import (CommOp, data_parallel_ops, hierarchical_parts, pipeline_ops,
                             tensor_parallel_ops)
 
@@ -131,7 +132,7 @@ def offload_seconds(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) ->
     if par.offload == "none":
         return 0.0
     sb = state_bytes(tr.precision, tr.optimizer)
-    shard = math.ceil(model_parallel_params(param_count(m).total, par.tp, par.pp) / par.dp)
+    shard = shard_numel(model_parallel_params(param_count(m).total, par.tp, par.pp), par.dp)
     seconds = shard * (sb.grads + sb.weights) / hw.pcie_bw + shard / CPU_ADAM_PARAMS_PER_S
     if par.offload == "nvme":
         seconds += 2 * shard * sb.optimizer / hw.nvme_bw
@@ -168,8 +169,9 @@ def update_seconds(m: ModelShape, tr: Training, par: Parallel, hw: Hardware) -> 
     0 under offload, where the host runs it (`offload_seconds`)."""
     if par.offload != "none":
         return 0.0
-    shard = model_parallel_params(param_count(m).total, par.tp, par.pp)
-    return optimizer_seconds(math.ceil(shard / (par.dp if par.zero >= 1 else 1)), tr.optimizer, hw)
+    local = model_parallel_params(param_count(m).total, par.tp, par.pp)
+    shard = shard_numel(local, par.dp) if by_zero(par.zero).shard_optimizer else local
+    return optimizer_seconds(shard, tr.optimizer, hw)
 
 
 def step_time(m: ModelShape, tr: Training, par: Parallel, hw: Hardware,
@@ -184,13 +186,12 @@ def step_time(m: ModelShape, tr: Training, par: Parallel, hw: Hardware,
     exposed = unhidden
     exposed += _exposed(during_forward, forward, layers)
     # DP and ZeRO-1 sync once, behind the last micro-batch's backward; ZeRO-2/3 every micro-batch.
-    per_micro = par.zero >= 2
+    per_micro = by_zero(par.zero).reduces_every_micro_batch
     exposed += _exposed(during_backward, backward if per_micro else backward / micro,
                         layers if per_micro else buckets)
-    # The bubble is `fraction` of compute + bubble, so fraction / (1 - fraction) x the compute.
     fraction = pipeline.bubble_fraction(par.pp, micro, par.schedule, par.virtual_stages)
     return StepTime(forward=forward, backward=backward, comm=sum(by_kind.values()),
-                    exposed_comm=exposed, bubble=(forward + backward) * fraction / (1 - fraction),
+                    exposed_comm=exposed, bubble=pipeline.bubble_seconds(forward + backward, fraction),
                     offload=offload_seconds(m, tr, par, hw), bubble_fraction=fraction,
                     comm_by_kind=dict(by_kind), optimizer=update_seconds(m, tr, par, hw))
 

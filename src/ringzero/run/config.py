@@ -8,15 +8,18 @@ import math
 from dataclasses import dataclass
 
 from ringzero.comm import registry
-from ringzero.plan.config import PRECISIONS, RECOMPUTES
+from ringzero.plan.config import PRECISIONS, RECOMPUTES, value_bytes
 from ringzero.plan.pipeline import schedule as pipeline
 from ringzero.plan.strategies import sharding
 from ringzero.plan.placement import Placement
 from ringzero.plan.model.presets import MODELS
 from ringzero.plan.model.presets import model as preset
 from ringzero.plan.model.shapes import ModelShape
-from ringzero.run.gpt_shape import check_shape, trainable
-from ringzero.train import nonfinite
+from ringzero.run import fault_options
+from ringzero.run.fields import FieldError  # noqa: F401 (the error of every field, importable with the config)
+from ringzero.run.gpt_shape import ATTENTIONS, check_shape, trainable
+from ringzero.run.kind import RunKind, kind_of, sharding_of
+from ringzero.plan.strategies.sharding import Strategy
 from ringzero.run import checkpoint_options
 from ringzero.run import precision_options
 from ringzero.run import ps_options
@@ -26,16 +29,6 @@ from ringzero.run.precision_options import LossScalerConfig
 STRATEGIES = ("single", *sharding.STRATEGIES, "ps")
 """`plan.strategies.sharding`'s data-parallel strategies, "single": DP on one rank, and "ps": a parameter
 server (`ps_options`)."""
-ATTENTIONS = ("eager", "sdpa")
-"""eager materialises the s x s scores; sdpa is torch's scaled_dot_product_attention."""
-
-
-class FieldError(ValueError):
-    """A field of `TrainConfig` holds a value it cannot take; `.field` names it."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 @functools.cache
@@ -185,7 +178,7 @@ class TrainConfig:
         zero_options.check(self)
         ps_options.check(self)
         checkpoint_options.check(self)
-        nonfinite.check(self)
+        fault_options.check(self)
         precision_options.check(self)
 
     def _check_pipeline(self) -> None:
@@ -199,7 +192,7 @@ class TrainConfig:
             field = "schedule" if self.schedule not in pipeline.SCHEDULES else \
                 "virtual_stages" if self.virtual_stages > 1 else "pp"
             raise FieldError(field, str(e).replace("micro-batches", "micro-batches (grad_accum)")) from None
-        if self.pp > 1 and self.strategy in ("zero2", "zero3", "single"):
+        if self.pp > 1 and (self.kind is RunKind.SINGLE or self.sharding.reduces_every_micro_batch):
             raise FieldError("strategy", f"strategy {self.strategy!r} cannot run under pipeline parallelism: "
                                          "ZeRO-2/3 reduce (and ZeRO-3 gathers) every micro-batch, m times a "
                                          "step's traffic under a pipeline, so, as DeepSpeed's pipeline engine, "
@@ -224,8 +217,18 @@ class TrainConfig:
         if self.sequence_parallel and m.seq % t:
             raise FieldError("sequence_parallel", f"sequence parallelism needs the sequence ({m.seq}) to be a "
                                                   f"multiple of tp={t}")
-        if self.strategy == "single" and t > 1:
+        if self.kind is RunKind.SINGLE and t > 1:
             raise FieldError("strategy", "strategy 'single' runs on one rank; with tp > 1 use dp or zero1-3")
+
+    @property
+    def kind(self) -> RunKind:
+        """One rank, a grid, or a parameter server (`run.kind`)."""
+        return kind_of(self.strategy)
+
+    @property
+    def sharding(self) -> Strategy:
+        """The data-parallel strategy's table (`plan.strategies.sharding`; DP's outside a grid)."""
+        return sharding_of(self.strategy)
 
     @property
     def tp_algorithm(self) -> str:
@@ -258,7 +261,7 @@ class TrainConfig:
     @property
     def value_bytes(self) -> int:
         """Bytes of one weight, gradient or activation value in the training precision."""
-        return 4 if self.precision == "fp32" else 2
+        return value_bytes(self.precision)
 
     @property
     def shape(self) -> ModelShape:

@@ -22,3 +22,25 @@ def trainable(shape: ModelShape) -> bool:
         return True
     except ValueError:
         return False
+
+
+ATTENTIONS = ("eager", "sdpa")
+"""eager materialises the s x s scores; sdpa is torch's scaled_dot_product_attention."""
+
+
+def parameter_shapes(m: ModelShape) -> dict[str, tuple[int, ...]]:
+    """Every parameter of ringzero's GPT of shape `m`, by its name in `named_parameters()`, with its
+    shape: what a weights file for it must hold (`train.model.GPT` builds exactly these)."""
+    h, f = m.hidden, m.ffn_dim
+    linear = {"attn.qkv": (3 * h, h), "attn.proj": (h, h), "mlp.fc": (f, h), "mlp.proj": (h, f)}
+    out: dict[str, tuple[int, ...]] = {"wte.weight": (m.vocab, h), "wpe.weight": (m.seq, h)}
+    for i in range(m.layers):
+        for part in ("ln1", "attn.qkv", "attn.proj", "ln2", "mlp.fc", "mlp.proj"):
+            name = f"blocks.{i}.{part}"
+            out[f"{name}.weight"] = linear.get(part, (h,))
+            if m.bias:
+                out[f"{name}.bias"] = (linear[part][0],) if part in linear else (h,)
+    out["ln_f.weight"] = (h,)
+    if m.bias:
+        out["ln_f.bias"] = (h,)
+    return out

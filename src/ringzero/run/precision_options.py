@@ -14,6 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ringzero.run.fields import FieldError
+
+
 MAX_POWER = 64
 """The largest initial_scale_power taken: 2**64 already overflows fp16 (max 65504) on any gradient."""
 
@@ -83,5 +86,4 @@ def check(cfg) -> None:
     """Raise a `FieldError` unless `cfg.loss_scaler` is a `LossScalerConfig` (its own fields are
     validated as it is built)."""
     if not isinstance(cfg.loss_scaler, LossScalerConfig):
-        from ringzero.run.config import FieldError
         raise FieldError("loss_scaler", f"loss_scaler must be a LossScalerConfig, got {cfg.loss_scaler!r}")

@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 
 from ringzero.plan.strategies.param_server import MODES, PSConfig, check_servers  # noqa: F401 (MODES: the choices of ps_mode)
-
-PS = "ps"
+from ringzero.run.fields import FieldError
+from ringzero.run.kind import RunKind
 
 
 def _error(field: str, message: str):
-    from ringzero.run.config import FieldError
     return FieldError(field, message)
 
 
@@ -30,7 +29,7 @@ def check(cfg) -> None:
     if not isinstance(st, int) or isinstance(st, bool) or st < 0:
         raise _error("staleness", f"staleness must be an integer >= 0 (steps the fastest worker may lead the "
                                   f"slowest), got {st!r}")
-    if cfg.strategy != PS:
+    if cfg.kind is not RunKind.PARAMETER_SERVER:
         for name, default in (("servers", 0), ("ps_mode", "sync"), ("staleness", 0)):
             if getattr(cfg, name) != default:
                 raise _error(name, f"{name} sets up a parameter server: it needs strategy 'ps', not "
@@ -65,12 +64,12 @@ def _check_straggler(straggler) -> None:
 
 def workers(cfg, world: int) -> int:
     """The worker ranks of a run of `world` processes (all of them unless it is a ps run)."""
-    return world - cfg.servers if cfg.strategy == PS else world
+    return world - cfg.servers if cfg.kind is RunKind.PARAMETER_SERVER else world
 
 
 def check_world(cfg, world: int) -> None:
     """What needs the number of processes: servers below the workers, the straggler's rank in range."""
-    if cfg.strategy == PS:
+    if cfg.kind is RunKind.PARAMETER_SERVER:
         try:
             check_servers(cfg.servers, workers(cfg, world), " (nproc)")
         except ValueError as exc:

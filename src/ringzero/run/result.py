@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ringzero.comm import flight
+from ringzero.comm import timeline
 
 
 @dataclass
@@ -19,8 +19,8 @@ class RankResult:
     held: dict[str, int] = field(default_factory=dict)
     activations: int = 0
     traffic: dict = field(default_factory=dict)
-    calls: list[flight.Timeline] = field(default_factory=list)
-    """Every collective of each step (`comm.flight`; the steady steps once the run ends)."""
+    calls: list[timeline.Timeline] = field(default_factory=list)
+    """Every collective of each step (`comm.timeline`, recorded by `comm.flight`; the steady steps once the run ends)."""
     phases: dict[str, float] = field(default_factory=dict)
     step_time: float = 0.0
     step_times: list[float] = field(default_factory=list)
@@ -35,7 +35,7 @@ class RankResult:
     """Sequence parallelism: this rank's share of the LayerNorm and bias gradients it sums over tp
     (from the bucket layout, as `buckets`); None otherwise."""
     probe: dict = field(default_factory=dict)
-    """The rates the step-time prediction uses: the median over `probes` (`probe.median_rates`)."""
+    """The rates the step-time prediction uses: the median over `probes` (`twin.rates.median_rates`)."""
     probes: list[dict] = field(default_factory=list)
     """Every probe point: {"step", "at_s" (seconds since the run began), rates, "cost_s",
     "warmup_s"} (`probe.Prober.__call__`)."""

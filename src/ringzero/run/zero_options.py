@@ -11,11 +11,11 @@ import math
 from ringzero.plan.config import OFFLOADS
 from ringzero.plan.strategies.quantization import BITS
 from ringzero.plan.strategies.zeropp import OPTIONS, ZeroPP
-
+from ringzero.run.fields import FieldError
+from ringzero.run.kind import RunKind
 
 
 def _error(field: str, message: str):
-    from ringzero.run.config import FieldError
     return FieldError(field, message)
 
 
@@ -43,7 +43,7 @@ def _check_zeropp(cfg) -> None:
     wrong = [o for o in cfg.zeropp if o not in OPTIONS]
     if wrong or len(set(cfg.zeropp)) != len(cfg.zeropp):
         raise _error("zeropp", f"zeropp {','.join(cfg.zeropp)!r}: allowed any of {', '.join(OPTIONS)}, each once")
-    if cfg.zeropp and cfg.strategy != "zero3":
+    if cfg.zeropp and not cfg.sharding.shard_params:
         raise _error("zeropp", f"ZeRO++ ({','.join(cfg.zeropp)}) runs on ZeRO-3 only (it changes ZeRO-3's weight "
                                f"gathers and gradient reduce-scatter), not strategy {cfg.strategy!r}")
     hp = cfg.hpz_partition
@@ -59,10 +59,11 @@ def _check_offload(cfg) -> None:
     for name in ("offload_optimizer", "offload_params"):
         if getattr(cfg, name) not in OFFLOADS:
             raise _error(name, f"{name} {getattr(cfg, name)!r} is not supported; allowed: {', '.join(OFFLOADS)}")
-    if cfg.offload_params != "none" and cfg.strategy != "zero3":
+    if cfg.offload_params != "none" and not cfg.sharding.shard_params:
         raise _error("offload_params", f"offload_params={cfg.offload_params!r} needs strategy zero3 (only ZeRO-3 "
                                        f"keeps weight shards between uses), not {cfg.strategy!r}")
-    if cfg.offload_optimizer != "none" and cfg.strategy in ("dp", "single"):
+    if cfg.offload_optimizer != "none" and not cfg.sharding.shard_optimizer and \
+            cfg.kind is not RunKind.PARAMETER_SERVER:      # refused there with its own reason
         raise _error("offload_optimizer", f"offload_optimizer={cfg.offload_optimizer!r} needs ZeRO (zero1, zero2 "
                                           f"or zero3): ZeRO-Offload moves a rank's optimizer shard")
     if cfg.offload_params != "none" and cfg.zeropp:
@@ -76,24 +77,6 @@ def _check_offload(cfg) -> None:
     if not isinstance(cfg.offload_buffers, int) or isinstance(cfg.offload_buffers, bool) or cfg.offload_buffers < 2:
         raise _error("offload_buffers", f"offload_buffers must be an integer >= 2 (one read ahead, one "
                                         f"updated), got {cfg.offload_buffers!r}")
-
-
-def optimizer_offload(cfg):
-    """The run's `parallel.offload.optimizer.OffloadConfig` for the optimizer states (device "none" without)."""
-    from ringzero.parallel.offload.optimizer import OffloadConfig
-    nvme = cfg.offload_optimizer == "nvme"
-    return OffloadConfig(device=cfg.offload_optimizer, nvme_path=cfg.nvme_path if nvme else None,
-                         buffer_count=cfg.offload_buffers, pin_memory=cfg.offload_pin_memory)
-
-
-def param_offload(cfg):
-    """The run's `OffloadConfig` for ZeRO-3's weight shards, or None when they stay on the device."""
-    if cfg.offload_params == "none":
-        return None
-    from ringzero.parallel.offload.optimizer import OffloadConfig
-    nvme = cfg.offload_params == "nvme"
-    return OffloadConfig(device=cfg.offload_params, nvme_path=cfg.nvme_path if nvme else None,
-                         buffer_count=cfg.offload_buffers, pin_memory=cfg.offload_pin_memory)
 
 
 def zeropp(cfg, world: int) -> ZeroPP | None:
@@ -116,39 +99,3 @@ def comm_settings(cfg) -> dict:
     if cfg.emulate_inter_node is not None:
         out.update(inter_node_gbps=cfg.emulate_inter_node[0], inter_node_latency_us=cfg.emulate_inter_node[1])
     return out
-
-
-def offload_needs(cfg, world: int) -> tuple[int, int]:
-    """(host bytes, disk bytes) the offloaded states of all `world` ranks will allocate, this host's
-    and this drive's (every rank is local), from the planner's shard of each rank (one bucket: the
-    buckets' 4 KiB record rounding adds at most 12 KiB each)."""
-    from ringzero.plan.strategies import offload as plan
-    from ringzero.twin import predict
-    host = disk = 0
-    for rank in range(world):
-        local = predict.local_params(cfg, world, rank)
-        dp = cfg.placement(world).dp
-        shard = -(-local // dp)
-        if cfg.offload_optimizer != "none":
-            p = plan.placement(plan.OffloadDevice(cfg.offload_optimizer), [shard], cfg.value_bytes,
-                               cfg.offload_buffers, plan.DEFAULT_BUFFER_NUMEL)
-            host, disk = host + p.host, disk + (p.disk + 12 * plan.ALIGN_BYTES if p.disk else 0)
-        if cfg.offload_params != "none":
-            p = plan.param_placement(plan.OffloadDevice(cfg.offload_params), [shard], cfg.value_bytes,
-                                     cfg.offload_buffers)
-            host, disk = host + p.host, disk + p.disk
-    return host, disk
-
-
-def check_resources(cfg, world: int, say=print) -> None:
-    """Before any rank starts: say what offloading will need, and fail in one line when the host
-    memory or the drive under nvme_path does not have it (`parallel.offload.optimizer.check_offload`)."""
-    if cfg.offload_optimizer == "none" and cfg.offload_params == "none":
-        return
-    from ringzero.parallel.offload.optimizer import OffloadConfig, check_offload
-    host, disk = offload_needs(cfg, world)
-    where = f" and {disk / 2**30:.3f} GiB on disk under {cfg.nvme_path}" if disk else ""
-    device = "nvme" if disk else "cpu"
-    check_offload(OffloadConfig(device=device, nvme_path=cfg.nvme_path if disk else None), host, disk)
-    say(f"ringzero: offload ({cfg.offload_optimizer} optimizer, {cfg.offload_params} parameters) needs "
-        f"{host / 2**30:.3f} GiB of host memory{where} for {world} rank{'s' if world > 1 else ''}")

@@ -21,24 +21,26 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm
-from ringzero.comm import flight
+from ringzero.comm.timeline import Timeline
 from ringzero.parallel.comm_queue import CommQueue
 from ringzero.parallel.offload.optimizer import offloaded_adam
 from ringzero.parallel.optimizer import AdamConfig
 from ringzero.parallel.pp.pipeline import apply_pipeline
 from ringzero.parallel.precision import LossScaler, NoScaler, dtype
 from ringzero.parallel.recompute import apply_recompute
-from ringzero.parallel.stages import DP, ShardingConfig, stage
+from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.tp.tensor_parallel import apply_tensor_parallel
 from ringzero.parallel.tp.grads import TensorParallelGrads, unshard
 from ringzero.parallel.topology import Topology
-from ringzero.train import checkpointing, offload_probe
+from ringzero.train import checkpointing, offload_probe, offloading
 from ringzero.run import zero_options
 from ringzero.run.config import TrainConfig
+from ringzero.run.kind import RunKind
 from ringzero.train.data import ByteData, load_bytes
 from ringzero.train.model import GPT, AttentionCore
-from ringzero.train.probe import Prober, median_rates, probe_steps
+from ringzero.train.probe import Prober, probe_steps
+from ringzero.twin.rates import median_rates
 from ringzero.run.result import RankResult
 from ringzero.train.pipeline_schedule import PipelineSchedule
 from ringzero.train.step_schedule import GradAccumulation, StepHooks
@@ -63,9 +65,9 @@ class Trainer:
                                      cfg.tp_algorithm) if topology.pp > 1 else None
         self.queue = CommQueue()
         self.strategy = apply_sharding(self.model, topology, ShardingConfig(
-            stage=DP if cfg.strategy in ("single", "ps") else stage(cfg.strategy), bucket_mb=cfg.bucket_mb,
+            sharding=cfg.sharding, bucket_mb=cfg.bucket_mb,
             algorithm=cfg.comm_algorithm, zeropp=zero_options.zeropp(cfg, topology.world),
-            offload_params=zero_options.param_offload(cfg)), self.queue)
+            offload_params=offloading.param_offload(cfg)), self.queue)
         self.tp_grads = TensorParallelGrads(self.strategy, topology, cfg.tp_algorithm)
         self.opt = self._optimizer()
         self.scaler = LossScaler.from_config(cfg.loss_scaler) if cfg.precision == "fp16" else NoScaler()
@@ -76,7 +78,7 @@ class Trainer:
             self.strategy.accumulate_in_place()
         self._last_compute = 0.0
         self.data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
-        own = cfg.strategy != "ps"            # a parameter server's ranks checkpoint in `ps_checkpoint`
+        own = cfg.kind is not RunKind.PARAMETER_SERVER     # a parameter server's ranks checkpoint in `ps_checkpoint`
         self.start = checkpointing.load_checkpoint(self, cfg.resume) if cfg.resume is not None and own else 0
         if cfg.init_from is not None:
             checkpointing.init_weights(self, cfg.init_from)
@@ -93,7 +95,7 @@ class Trainer:
         """This rank's optimizer over the weights it owns (a parameter server's worker has none)."""
         cfg, topology = self.cfg, self.topo
         return offloaded_adam(self.strategy.owned_weights(), adam_config(cfg),
-                              zero_options.optimizer_offload(cfg), self.tp_grads.sum_over_owners(),
+                              offloading.optimizer_offload(cfg), self.tp_grads.sum_over_owners(),
                               self.tp_grads.counted if topology.tp * topology.pp > 1 else None,
                               rank=dist.get_rank() if dist.is_initialized() else 0)
 
@@ -147,10 +149,10 @@ class Trainer:
         """`step`, its seconds appended to `totals`; the measured step's traffic metered into `res`."""
         meter = comm.TrafficMeter() if step == self.measure_step else contextlib.nullcontext()
         t0 = time.perf_counter()
-        with meter, flight.Timeline() as timeline:
+        with meter, Timeline() as calls:
             out = self.step(step, res)
         totals.append(time.perf_counter() - t0)
-        res.calls.append(timeline)
+        res.calls.append(calls)
         if step == self.measure_step:
             res.traffic = meter.summary()
         return out
@@ -252,25 +254,3 @@ class Trainer:
 
 def adam_config(cfg: TrainConfig) -> AdamConfig:
     return AdamConfig(lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip)
-
-
-def train_rank(cfg: TrainConfig, progress=None, keep_params: bool = False, group=None,
-               calibrate: bool = True) -> RankResult:
-    """Run `cfg` on this rank of `group` (default: the whole job; alone when there is no process group)."""
-    world = dist.get_world_size(group) if dist.is_initialized() else 1
-    if cfg.strategy == "ps":
-        from ringzero.train.ps_engine import train_ps_rank
-        with comm.configure(**zero_options.comm_settings(cfg)):
-            return train_ps_rank(cfg, group, progress, keep_params)
-    placement = cfg.placement(world)                 # tp and dp against the ranks: one line if wrong
-    zpp = zero_options.zeropp(cfg, world)
-    if world == 1:
-        topo = Topology.alone()
-    elif placement.tp == 1 and placement.pp == 1 and zpp is None:
-        topo = Topology.data_parallel(group, placement.ranks_per_node)
-    else:
-        topo = Topology.build(placement, group, zpp.partition if zpp is not None else None)
-    if cfg.strategy == "single" and topo.world != 1:
-        raise ValueError(f"strategy 'single' runs on one rank, not {topo.world}")
-    with comm.configure(**zero_options.comm_settings(cfg)):
-        return Trainer(cfg, topo).run(progress, keep_params, calibrate)

@@ -13,7 +13,6 @@ import time
 import torch
 
 from ringzero.parallel.optimizer import adamw_
-from ringzero.plan.strategies.offload import OffloadDevice, OffloadRates, update_seconds
 
 COPY_NUMEL = 1 << 22
 """fp32 elements per timed copy (16 MiB: large enough to stream, as one chunk of the update)."""
@@ -65,12 +64,3 @@ def interference(opt, alone: dict, nbytes: int | None = None) -> dict[str, float
     def io_s(d: dict) -> float:  # seconds per byte each way: the records read = the records written
         return 1 / d["read_gbps"] + 1 / d["write_gbps"]
     return {"io_slowdown": io_s(loaded) / io_s(alone), "update_slowdown": loaded["load_s"] / statistics.median(times)}
-
-
-def predicted_update_seconds(device: str, shards: list[int], weight_bytes: int, buffer_count: int,
-                             buffer_numel: int, rates: dict, s_per_param: float) -> float:
-    """The offloaded update of `shards` at the measured `rates` and the probe's s/param of the kernel."""
-    r = OffloadRates(adam_per_s=1 / s_per_param, transfer_bw=rates["copy_bps"],
-                     read_bw=rates.get("read_bps", float("inf")), write_bw=rates.get("write_bps", float("inf")),
-                     io_slowdown=rates.get("io_slowdown", 1.0), update_slowdown=rates.get("update_slowdown", 1.0))
-    return update_seconds(OffloadDevice(device), shards, weight_bytes, buffer_count, buffer_numel, r)

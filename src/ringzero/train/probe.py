@@ -54,6 +54,7 @@ from ringzero.plan.model import flops
 from ringzero.twin import predict
 from ringzero.run.config import TrainConfig
 from ringzero.train.probe_tp import TPLayerPass
+from ringzero.twin.rates import call_key
 
 PROBE_EVERY, MAX_POINTS = 10, 16
 """About one probe point per `PROBE_EVERY` steps, at least two (before the first step and after the
@@ -78,12 +79,6 @@ def probe_steps(steps: int) -> list[int]:
     """The steps before which the ranks probe (`steps` itself: after the last one), evenly spread."""
     points = min(MAX_POINTS, max(2, steps // PROBE_EVERY + 1))
     return sorted({round(i * steps / (points - 1)) for i in range(points)})
-
-
-def call_key(collective: str, elements: int, itemsize: int, group: str = "dp") -> str:
-    """The name of one probed collective in `Prober`'s output (and the JSON report); one outside the
-    dp group is prefixed with its group ("tp:", "tp_step:", `predict.grouped_calls`)."""
-    return ("" if group == "dp" else f"{group}:") + f"{collective}/{elements}x{itemsize}"
 
 
 def _shards(sizes: list[int], dt: torch.dtype, norm: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -262,28 +257,3 @@ class Prober:
         rate = self._block_rate() if topo.rank == self.cfg.straggler[0] else None
         dist.barrier(everyone)
         return rate
-
-
-def pooled_flops(points_by_rank: list[list[dict]], point: int | None = None) -> float:
-    """The median block rate over every rank's probe points (or over the ranks' `point`-th).
-
-    Not the busiest rank's own: with more ranks than cores the ranks take turns at a core of their
-    own (3 ranks on 2 cores: two share one while the third runs alone, 2x faster), and over a run
-    every rank has every turn, while at a handful of probe points one rank may draw the lone core
-    most times. Measured on 3 ranks of 2 cores (ZeRO-3, bf16 and fp32), the busiest rank's own rate
-    put compute 14-55 % below the run, the pooled median within 15 %; on 2 and 4 ranks both were
-    within 7 %."""
-    return statistics.median(p["flops"] for points in points_by_rank
-                             for p in (points if point is None else points[point:point + 1]))
-
-
-def median_rates(points: list[dict]) -> dict:
-    """The median of each rate over the probe points (a collective's seconds key by key)."""
-    comm_keys = points[0]["comm"]
-    out = {"flops": statistics.median(p["flops"] for p in points),
-           "optimizer_s_per_param": statistics.median(p["optimizer_s_per_param"] for p in points),
-           "comm": {k: statistics.median(p["comm"][k] for p in points) for k in comm_keys}}
-    for key in ("alone_flops", "tp_layer_comm_s"):
-        if all(key in p for p in points):
-            out[key] = statistics.median(p[key] for p in points)
-    return out

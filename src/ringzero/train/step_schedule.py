@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import time
 
-from ringzero.comm import flight
+from ringzero.comm import timeline
 from ringzero.parallel.recompute import SavedBytes
 
 
@@ -35,7 +35,7 @@ class StepHooks:
     def phase(self, name: str):
         t0 = time.perf_counter()
         try:
-            with flight.blocking() if name == "comm" else contextlib.nullcontext():
+            with timeline.blocking() if name == "comm" else contextlib.nullcontext():
                 yield
         finally:
             self.seconds[name] += time.perf_counter() - t0

@@ -21,10 +21,9 @@ from ringzero.run.config import TrainConfig
 
 def _members(cfg: TrainConfig, world: int, group: str, rank: int) -> tuple[int, ...]:
     """The ranks of `rank`'s `group` (a `predict.grouped_calls` name), in group-rank order."""
-    from ringzero.parallel.topology import _embedding_members
     pl = cfg.placement(world)
     if group == "embedding":
-        return _embedding_members(pl, rank)
+        return pl.embedding_members(rank)
     if group in ("dp_node", "dp_cross"):
         return zeropp.group_members(zero_options.zeropp(cfg, world), group, pl.group(("dp",), rank),
                                     pl.coords(rank)["dp"])

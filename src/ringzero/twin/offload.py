@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from ringzero.plan.strategies import offload as plan
-from ringzero.plan.strategies.offload import DEFAULT_BUFFER_NUMEL, OffloadDevice
-from ringzero.plan.strategies.sharding import DP, strategy as stage
+from ringzero.plan.strategies.offload import DEFAULT_BUFFER_NUMEL, OffloadDevice, OffloadRates, update_seconds
+from ringzero.plan.strategies.sharding import shard_numel
 from ringzero.run.config import TrainConfig
+from ringzero.twin import predict
 
 
 def predict_offload(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, bool]]) -> dict:
@@ -24,8 +25,8 @@ def predict_offload(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, b
     {read, write}, "params": {read, write}}} of one rank of `cfg` on `world` ranks whose buckets are
     `buckets` ((elements, is root) each), at the engine's measured step."""
     dp = cfg.placement(world).dp
-    s = DP if cfg.strategy == "single" else stage(cfg.strategy)
-    shards = [(-(-n // dp), root) for n, root in buckets]
+    s = cfg.sharding
+    shards = [(shard_numel(n, dp), root) for n, root in buckets]
     updated = optimizer_shards(cfg, world, buckets)
     wb, count = cfg.value_bytes, cfg.offload_buffers
     opt, params = OffloadDevice(cfg.offload_optimizer), OffloadDevice(cfg.offload_params)
@@ -46,5 +47,34 @@ def optimizer_shards(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, 
     """Elements the optimizer updates per bucket: its shard, ⌈n / dp⌉, under ZeRO-1/2/3; the whole
     bucket under DP."""
     dp = cfg.placement(world).dp
-    s = DP if cfg.strategy == "single" else stage(cfg.strategy)
-    return [-(-n // dp) if s.shard_optimizer else n for n, _ in buckets]
+    s = cfg.sharding
+    return [shard_numel(n, dp) if s.shard_optimizer else n for n, _ in buckets]
+
+
+def offload_needs(cfg, world: int) -> tuple[int, int]:
+    """(host bytes, disk bytes) the offloaded states of all `world` ranks will allocate, this host's
+    and this drive's (every rank is local), from the planner's shard of each rank (one bucket: the
+    buckets' 4 KiB record rounding adds at most 12 KiB each)."""
+    host = disk = 0
+    for rank in range(world):
+        local = predict.local_params(cfg, world, rank)
+        dp = cfg.placement(world).dp
+        shard = shard_numel(local, dp)
+        if cfg.offload_optimizer != "none":
+            p = plan.placement(plan.OffloadDevice(cfg.offload_optimizer), [shard], cfg.value_bytes,
+                               cfg.offload_buffers, plan.DEFAULT_BUFFER_NUMEL)
+            host, disk = host + p.host, disk + (p.disk + 12 * plan.ALIGN_BYTES if p.disk else 0)
+        if cfg.offload_params != "none":
+            p = plan.param_placement(plan.OffloadDevice(cfg.offload_params), [shard], cfg.value_bytes,
+                                     cfg.offload_buffers)
+            host, disk = host + p.host, disk + p.disk
+    return host, disk
+
+
+def predicted_update_seconds(device: str, shards: list[int], weight_bytes: int, buffer_count: int,
+                             buffer_numel: int, rates: dict, s_per_param: float) -> float:
+    """The offloaded update of `shards` at the measured `rates` and the probe's s/param of the kernel."""
+    r = OffloadRates(adam_per_s=1 / s_per_param, transfer_bw=rates["copy_bps"],
+                     read_bw=rates.get("read_bps", float("inf")), write_bw=rates.get("write_bps", float("inf")),
+                     io_slowdown=rates.get("io_slowdown", 1.0), update_slowdown=rates.get("update_slowdown", 1.0))
+    return update_seconds(OffloadDevice(device), shards, weight_bytes, buffer_count, buffer_numel, r)

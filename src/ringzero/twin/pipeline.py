@@ -94,10 +94,14 @@ def embedding_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, i
     return [("all_reduce", tensor_parallel.padded_vocab(m.vocab, cfg.tp) * m.hidden // cfg.tp, cfg.value_bytes, 1)]
 
 
+def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
+    """Whether `attention="sdpa"` keeps no s x s tensor (CPU: only without dropout)."""
+    return cfg.attention == "sdpa" and (cuda or cfg.dropout == 0)
+
+
 def activation_terms(cfg: TrainConfig, cuda: bool = False) -> tuple[float, float]:
     """(bytes one block saves per micro-batch, bytes the embedding, head and loss save), as
     `predict.activations` counts them."""
-    from ringzero.twin.predict import fused_attention
     m, t, sp = cfg.shape, cfg.tp, cfg.sequence_parallel
     p = cfg.value_bytes
     mask, dropout = (1 if cuda else p), cfg.dropout > 0

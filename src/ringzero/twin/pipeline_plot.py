@@ -11,12 +11,13 @@ the stage sat idle: that grey is the bubble.
 from __future__ import annotations
 
 import os
-import tempfile
 
 import matplotlib
 from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+
+from ringzero.outputs import write_with
 
 _WIDTH_IN = 10.0          # figure width; the height grows with the stages
 _ROW_IN = 0.45
@@ -96,19 +97,14 @@ def plot(timeline: list[list[dict]], path: str, title: str = "", bubble: float |
     `timeline[i]` is stage i's events, each {"kind": "F" or "B", "micro": int, "chunk": int,
     "start": s, "end": s} on one clock shared by all stages. `title` names the schedule; `bubble`
     (the measured idle fraction) and `predicted` (the planner's) go in a subtitle. The figure is
-    built without pyplot (no display, nothing left in a global figure list) and written to a
-    temporary file beside `path`, then renamed onto it, so a reader never sees half a file.
+    built without pyplot (no display, nothing left in a global figure list) and written as every
+    output is (`outputs.write_with`: a synced temporary file beside `path` renamed onto it, with an
+    ordinary file's mode), so a reader never sees half a file.
     """
     _check(timeline)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"cannot write the pipeline plot to {path!r}: folder {folder!r} does not exist")
     fig = _draw(timeline, title, bubble, predicted)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pipeline_plot.", suffix=os.path.splitext(path)[1] or ".png")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, dpi=_DPI, format=os.path.splitext(path)[1][1:] or "png")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    fmt = os.path.splitext(path)[1][1:] or "png"
+    write_with(path, lambda f: fig.savefig(f, dpi=_DPI, format=fmt), binary=True)

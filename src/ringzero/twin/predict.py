@@ -15,28 +15,20 @@ ranks under ZeRO) as one collective, so the exact bytes are Σ over buckets of
 
 from __future__ import annotations
 
-from ringzero.plan.strategies import sharding
+from ringzero.comm import select
+from ringzero.comm.config import get_config
+from ringzero.plan.comm.algorithms import for_collective
 from ringzero.plan.strategies import tensor_parallel
 from ringzero.plan.strategies import zeropp
 from ringzero.plan.comm.volume import call_for, formula, volume
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.strategies.memory import model_states, state_bytes
 from ringzero.plan.model.shapes import ModelShape
-from ringzero.plan.strategies.sharding import Strategy
 from ringzero.twin import pipeline as pipe
+from ringzero.twin.pipeline import fused_attention
 from ringzero.run import zero_options
 from ringzero.run.config import TrainConfig
 
-
-
-def strategy(cfg: TrainConfig) -> Strategy:
-    """The run's data-parallel strategy ("single" is DP on one rank)."""
-    return sharding.DP if cfg.strategy == "single" else sharding.strategy(cfg.strategy)
-
-
-def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
-    """Whether `attention="sdpa"` keeps no s x s tensor (CPU: only without dropout)."""
-    return cfg.attention == "sdpa" and (cuda or cfg.dropout == 0)
 
 
 def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Parallel]:
@@ -46,7 +38,7 @@ def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Par
     pl = cfg.placement(world)
     tr = Training(micro_batch=cfg.micro_batch, global_batch=cfg.global_batch(world),
                   precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
-    par = Parallel(dp=pl.dp, tp=pl.tp, pp=pl.pp, sequence_parallel=cfg.sequence_parallel, zero=strategy(cfg).zero,
+    par = Parallel(dp=pl.dp, tp=pl.tp, pp=pl.pp, sequence_parallel=cfg.sequence_parallel, zero=cfg.sharding.zero,
                    recompute=cfg.recompute, recompute_replay="early-stop", flash_attention=fused_attention(cfg),
                    bucket_mb=cfg.bucket_mb, schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
                    offload=cfg.offload_optimizer)
@@ -83,7 +75,7 @@ def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list
     """The data-parallel collectives of one step on `world` ranks: (collective, elements, itemsize,
     times) for `buckets` of (elements, is the ZeRO-3 root), from the strategy's schedule
     (`plan.strategies.sharding`), on the dp group."""
-    return strategy(cfg).calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.grad_accum)
+    return cfg.sharding.calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.grad_accum)
 
 
 def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:
@@ -101,7 +93,7 @@ def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) 
         return []
     out = []
     if cfg.sequence_parallel:
-        share = cfg.placement(world).dp if strategy(cfg).shard_optimizer else 1
+        share = cfg.placement(world).dp if cfg.sharding.shard_optimizer else 1
         n = tensor_parallel.partial_grad_params(cfg.shape) // share if sp_elements is None else sp_elements
         out += [("all_reduce", n, cfg.value_bytes, 1)] if n else []
     return out + [("all_reduce", 1, 4, 1)]
@@ -148,7 +140,6 @@ def _index(cfg: TrainConfig, world: int, group: str, rank: int) -> int:
 def node_size(cfg: TrainConfig, n: int) -> int:
     """Ranks per node in a group of `n` as the run's collectives see it: the run's `ranks_per_node`
     (its ranks run under `comm.configure(ranks_per_node=...)`), else the comm config's."""
-    from ringzero.comm.config import get_config
     return max(1, min(cfg.ranks_per_node, n)) if cfg.ranks_per_node else get_config().node_size(n)
 
 
@@ -156,10 +147,7 @@ def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int
     """The algorithm a collective runs: the configured one mapped to `collective` as
     `ShardingConfig.algorithm_for` does (the tp groups': `TrainConfig.tp_algorithm`), or what "auto"
     picks ("torch" stays "torch")."""
-    from ringzero.comm import select
-    from ringzero.parallel.stages import ShardingConfig
-    algo = ShardingConfig(algorithm=cfg.comm_algorithm).algorithm_for(collective) if group in DP_GROUPS \
-        else cfg.tp_algorithm
+    algo = for_collective(cfg.comm_algorithm, collective) if group in DP_GROUPS else cfg.tp_algorithm
     return select.choose(collective, n, nbytes, node_size(cfg, n)) if algo == "auto" else algo
 
 
@@ -191,7 +179,6 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
 
 def call_seconds(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> float:
     """One call's seconds under the calibrated α-β-γ model."""
-    from ringzero.comm import select
     return select.seconds(collective, algorithm(cfg, group, collective, n, nbytes), n, nbytes,
                           node_size(cfg, n))
 
@@ -199,5 +186,5 @@ def call_seconds(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: 
 def optimizer_shard(cfg: TrainConfig, world: int, rank: int = 0) -> float:
     """Parameters in `rank`'s optimizer shard (the fused AdamW kernel runs over them once)."""
     dp = cfg.placement(world).dp
-    return local_params(cfg, world, rank) / (dp if strategy(cfg).zero else 1)
+    return local_params(cfg, world, rank) / (dp if cfg.sharding.shard_optimizer else 1)
 

@@ -20,8 +20,8 @@ import statistics
 from ringzero.plan.strategies.param_server import (imbalance, server_ingress, server_link_seconds, server_ranges, server_state_bytes,
                                  step_seconds, wait_seconds, worker_bytes, worker_link_seconds)
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import RankResult
-from ringzero.twin.report import Twin
+from ringzero.run.result import RankResult
+from ringzero.twin.twin import Twin
 
 STEADY = 2
 """Warm-up steps left out of the medians (as the engine's step time)."""

@@ -20,15 +20,16 @@ import dataclasses
 import math
 import os
 import statistics
-from dataclasses import dataclass
 
 from ringzero.twin import predict
 from ringzero.twin import zero as report_zero
 from ringzero.twin import pipeline as pipe
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import RankResult
+from ringzero.run.result import RankResult
 from ringzero.twin.step import comm_seconds, step_seconds, unpriced
-from ringzero.train.probe import pooled_flops
+from ringzero.twin.rates import pooled_flops
+from ringzero.twin.twin import Twin
+from ringzero.twin import wait as report_wait
 
 SCHEMA = "ringzero.train-report/2"
 """The JSON report's schema (`to_json`; a parameter-server run's has the same header, `header`)."""
@@ -40,24 +41,6 @@ ERROR_DEFINITION = (
     "hide (the last gradient buckets, ZeRO-1/2's all-gather after the update, the gradient norm's "
     "all-reduce, and waiting for slower ranks). ZeRO-3's all-gathers of a layer's weights run inside "
     "forward and backward: predicted and measured as compute.")
-
-
-@dataclass(frozen=True)
-class Twin:
-    name: str
-    predicted: float
-    measured: float | None
-    """None where the run cannot measure it (the backend's own collectives are opaque to the meter)."""
-    unit: str
-
-    @property
-    def error(self) -> float | None:
-        if not self.predicted or self.measured is None:
-            return None
-        return (self.measured - self.predicted) / self.predicted
-
-    def to_json(self) -> dict:
-        return {"predicted": self.predicted, "measured": self.measured, "unit": self.unit, "error": self.error}
 
 
 def _busiest(results: list[RankResult], cfg: TrainConfig | None = None) -> RankResult:
@@ -74,7 +57,7 @@ def _pooled(results: list[RankResult]) -> bool:
 
 def run_rates(results: list[RankResult], cfg: TrainConfig | None = None) -> dict:
     """The busiest rank's probed rates, but the block's FLOP/s over every rank's points
-    (`probe.pooled_flops`: ranks that share cores take turns at a core of their own)."""
+    (`rates.pooled_flops`: ranks that share cores take turns at a core of their own)."""
     own = _busiest(results, cfg).probe
     return {**own, "flops": pooled_flops([r.probes for r in results])} if _pooled(results) else own
 
@@ -127,7 +110,6 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
         + report_zero.offload_twins(cfg, world, results)
     if cfg.pp > 1:
         rows += pipeline_twins(cfg, world, results)
-    from ringzero.twin import wait as report_wait                  # it builds on this module's Twin
     rows += report_wait.twins(cfg, world, results)
     rows += phase_twins(cfg, busiest, steps)
     rows += [

@@ -9,7 +9,7 @@ changed during the run shows there.
 - Compute: the step's hardware FLOPs (6N per token, 8N with full recomputation, 6N + 4·L·s·h
   selective, plus the attention matmuls, 12·L·s·h; `plan.model.flops`) at the FLOP/s one block of the
   run's shape, dtype and recomputation reached in the probe (the median over every rank's points:
-  ranks that share cores take turns at one of their own, `probe.pooled_flops`); under ZeRO-3 plus
+  ranks that share cores take turns at one of their own, `rates.pooled_flops`); under ZeRO-3 plus
   its all-gathers (below).
 - Exposed communication: Σ over the step's collectives (`predict.calls`: which collective, how many
   elements of which size, how many times per step) of the seconds the same call took in the probe
@@ -44,13 +44,14 @@ from __future__ import annotations
 from ringzero.plan.model import flops
 from ringzero.plan.strategies import tensor_parallel
 from ringzero.plan.pipeline.layout import stage_flops_per_token
+from ringzero.plan.pipeline.schedule import bubble_seconds
 from ringzero.plan.model.shapes import param_count
 from ringzero.twin import predict
 from ringzero.twin import zero as report_zero
 from ringzero.twin import pipeline as pipe
 from ringzero.run.config import TrainConfig
 from ringzero.twin.straggler import straggler_pass_seconds
-from ringzero.train.probe import call_key
+from ringzero.twin.rates import call_key
 
 
 def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict,
@@ -70,7 +71,7 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
             k = call_key(collective, count, size, group)
             seconds = probed[k] if source == "in-run probe" else \
                 predict.call_seconds(cfg, group, collective, n, count * size)
-            inside = group == "tp" or (predict.strategy(cfg).shard_params and collective == "all_gather")
+            inside = group == "tp" or (cfg.sharding.shard_params and collective == "all_gather")
             probed_inside = inside and source == "in-run probe"     # the model's total stays all exposed
             out["in_compute" if probed_inside else "exposed"] += times * seconds
             tp_alone += times * seconds if probed_inside and group == "tp" else 0.0
@@ -126,7 +127,7 @@ def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     compute = arithmetic + comm["in_compute"]
     straggler = straggler_seconds(cfg, world, rates, comm["in_compute"])
     f = pipe.bubble(cfg) if cfg.pp > 1 else 0.0
-    bubble = compute * f / (1 - f)
+    bubble = bubble_seconds(compute, f)
     optimizer = predict.optimizer_shard(cfg, world, rank) * rates["optimizer_s_per_param"]
     if "offload" in rates:                  # the offloaded update's chunk loop or swap pipeline
         optimizer = report_zero.offload_update_seconds(cfg, world, buckets, rates)
@@ -142,7 +143,7 @@ def unpriced(cfg: TrainConfig, world: int, cores: int) -> list[str]:
     Both are contention for the cores, which the probe cannot see: it times every rank's block at
     once, the run's own steady state, and that is what compute is priced at."""
     out = []
-    if cfg.strategy == "zero3" and cfg.tp * cfg.pp == 1:
+    if cfg.sharding.shard_params and cfg.tp * cfg.pp == 1:
         # Measured: a layer's all-gather beside a block pass on the same cores took 2-4x as long as
         # alone, the pass 1.1-1.5x; compute +17 to +23 % (medians) in bf16, a third of that in fp32.
         out.append("ZeRO-3's all-gathers run beside forward and backward on the same CPU cores and slow each "

@@ -4,7 +4,7 @@ A synchronous step ends together on every rank, so a rank that computes less wai
 step's collectives for the slowest (the straggler problem; Ho et al. 2013 §1): predicted
 (`plan.strategies.param_server.wait_seconds`, the same synchronous barrier), it waits max_j c_j − c_i per
 step, c its compute (forward, backward and an injected straggler's sleep).
-Measured by the flight recorder (`comm.flight.waits`): in each collective, the time from this
+Measured by the flight recorder (`comm.timeline.waits`): in each collective, the time from this
 rank's arrival to the last member's, timed apart from the bytes moving after it, counted where the
 rank's computation was blocked (a bucket's all-reduce that waits while backward still runs costs
 nothing). Medians over the steady steps.
@@ -19,12 +19,12 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
-from ringzero.comm.flight import Timeline
-from ringzero.comm.flight import waits as arrival_waits
+from ringzero.comm.timeline import Timeline
+from ringzero.comm.timeline import waits as arrival_waits
 from ringzero.plan.strategies.param_server import wait_seconds
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import RankResult
-from ringzero.twin.report import Twin
+from ringzero.run.result import RankResult
+from ringzero.twin.twin import Twin
 
 
 def compute(r: RankResult) -> float:
@@ -32,7 +32,7 @@ def compute(r: RankResult) -> float:
 
 
 def _medians(results: list[RankResult], log=lambda t: t) -> list[float]:
-    """Each rank's median over the steady steps of its wait (`flight.waits` of `log(timeline)`)."""
+    """Each rank's median over the steady steps of its wait (`timeline.waits` of `log(timeline)`)."""
     steps = min(len(r.calls) for r in results)
     per_step = [arrival_waits([log(r.calls[k]) for r in results]) for k in range(steps)]
     return [statistics.median(w[i] for w in per_step) if per_step else 0.0 for i in range(len(results))]
@@ -61,7 +61,7 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     None under ZeRO-3, tensor or pipeline parallelism: there the wait falls inside forward and
     backward (the weights' all-gathers, the tp collectives) or into the bubble, not into the
     exposed communication this measures."""
-    if cfg.straggler is None or world == 1 or cfg.pp > 1 or cfg.tp > 1 or cfg.strategy == "zero3":
+    if cfg.straggler is None or world == 1 or cfg.pp > 1 or cfg.tp > 1 or cfg.sharding.shard_params:
         return []
     predicted, measured = waits(results)
     i = max(range(len(results)), key=lambda k: predicted[k])

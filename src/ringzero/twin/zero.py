@@ -4,15 +4,13 @@ hpZ's secondary weights, and where offloaded states live."""
 from __future__ import annotations
 
 from ringzero.plan.strategies import zeropp
+from ringzero.plan.strategies.offload import DEFAULT_BUFFER_NUMEL
 from ringzero.twin import predict
 from ringzero.twin import links as predict_links
+from ringzero.twin.offload import optimizer_shards, predict_offload, predicted_update_seconds
+from ringzero.twin.twin import Twin
 from ringzero.run import zero_options
 from ringzero.run.config import TrainConfig
-
-
-def _twin(*args):
-    from ringzero.twin.report import Twin
-    return Twin(*args)
 
 
 def _metered(r, key: str) -> int:
@@ -37,7 +35,7 @@ def link_twins(cfg: TrainConfig, world: int, results: list) -> list:
             metered_cross = _metered(r, "cross_node_bytes_sent")
             want.append(cross if sign else total - cross)
             got.append(metered_cross if sign else _metered(r, "bytes_sent") - metered_cross)
-        rows.append(_twin(f"{kind} bytes sent per step", max(want), max(got), "bytes"))
+        rows.append(Twin(f"{kind} bytes sent per step", max(want), max(got), "bytes"))
     return rows
 
 
@@ -46,16 +44,13 @@ def zeropp_twins(cfg: TrainConfig, world: int, results: list) -> list:
     if zpp is None or not zpp.hpz:
         return []
     dp = cfg.placement(world).dp
-    return [_twin("hpZ secondary weights held", max(zeropp.secondary_bytes(zpp, r.buckets, dp, cfg.value_bytes)
+    return [Twin("hpZ secondary weights held", max(zeropp.secondary_bytes(zpp, r.buckets, dp, cfg.value_bytes)
                                                     for r in results),
                   max(r.held.get("secondary", 0) for r in results), "bytes")]
 
 
 def offload_update_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> float:
-    """The offloaded optimizer's update at the run's probed rates (`offload_probe`)."""
-    from ringzero.plan.strategies.offload import DEFAULT_BUFFER_NUMEL
-    from ringzero.train.offload_probe import predicted_update_seconds
-    from ringzero.twin.offload import optimizer_shards
+    """The offloaded optimizer's update at the run's probed rates (`train.offload_probe`)."""
     return predicted_update_seconds(cfg.offload_optimizer, optimizer_shards(cfg, world, buckets), cfg.value_bytes,
                                     cfg.offload_buffers, DEFAULT_BUFFER_NUMEL, rates["offload"],
                                     rates["optimizer_s_per_param"])
@@ -66,17 +61,16 @@ def offload_twins(cfg: TrainConfig, world: int, results: list) -> list:
     anything is offloaded (`predict_offload` against what each rank's tensors and files hold)."""
     if cfg.offload_optimizer == "none" and cfg.offload_params == "none":
         return []
-    from ringzero.twin.offload import predict_offload
     pairs = [(predict_offload(cfg, world, r.buckets), r.offload) for r in results]
     rows = []
     for what, key in (("optimizer states", "optimizer"), ("weight shards", "params")):
         for place, label in (("host", "in host memory"), ("disk", "on disk")):
             want, got = max(p[key][place] for p, _ in pairs), max(m[key][place] for _, m in pairs)
             if want or got:
-                rows.append(_twin(f"{what} {label}", want, got, "bytes"))
+                rows.append(Twin(f"{what} {label}", want, got, "bytes"))
     for way in ("read", "write"):
         want = max(sum(p["disk_io"][k][way] for k in ("optimizer", "params")) for p, _ in pairs)
         got = max(sum(m["disk_io"][k][way] for k in ("optimizer", "params")) for _, m in pairs)
         if want or got:
-            rows.append(_twin(f"disk bytes {'read' if way == 'read' else 'written'} per step", want, got, "bytes"))
+            rows.append(Twin(f"disk bytes {'read' if way == 'read' else 'written'} per step", want, got, "bytes"))
     return rows

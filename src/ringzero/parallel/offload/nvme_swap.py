@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from ringzero.plan.strategies import offload as plan
+from ringzero.parallel.offload.config import direct_flag
 from ringzero.plan.strategies.offload import ALIGN_BYTES, DEFAULT_BUFFER_NUMEL, FP32, SLOT_KINDS, STATE_KINDS, Chunk
 
 _serial = itertools.count()
@@ -56,12 +57,6 @@ def aligned_empty(nbytes: int, pin_memory: bool) -> tuple[torch.Tensor, torch.Te
     raw = torch.empty(nbytes + ALIGN_BYTES, dtype=torch.uint8, pin_memory=pin_memory)
     shift = -raw.data_ptr() % ALIGN_BYTES
     return raw, raw[shift:shift + nbytes]
-
-
-def direct_flag(direct_io: bool) -> int:
-    if direct_io and not hasattr(os, "O_DIRECT"):
-        raise ValueError("direct_io needs O_DIRECT, which this system lacks; set direct_io=False")
-    return os.O_DIRECT if direct_io else 0
 
 
 def _after(views: list[memoryview], skip: int) -> list[memoryview]:

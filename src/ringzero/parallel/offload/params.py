@@ -29,7 +29,7 @@ import torch
 from ringzero.plan.strategies import offload as plan
 from ringzero.plan.strategies.offload import OffloadDevice, Placement
 from ringzero.parallel.offload.nvme_swap import SwapIO, aligned_empty
-from ringzero.parallel.offload.optimizer import OffloadConfig
+from ringzero.parallel.offload.config import OffloadConfig
 
 
 class ParamStore:

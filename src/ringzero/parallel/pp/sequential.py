@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ringzero.parallel.pp.pipeline import StageBoundary
+from ringzero.parallel.pp.boundary import StageBoundary
 
 
 class SequentialStages(StageBoundary):

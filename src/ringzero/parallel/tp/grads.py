@@ -81,7 +81,7 @@ def _ranges(strategy, keep) -> list[list[slice]]:
     out = []
     for g in strategy.groups:
         b = g.bucket
-        lo, hi = _owned(b, strategy.schedule.shard_optimizer)
+        lo, hi = _owned(b, strategy.sharding.shard_optimizer)
         spans: list[list[int]] = []
         for i, p in enumerate(b.params):
             a, z = max(b.offsets[i], lo), min(b.offsets[i + 1], hi)

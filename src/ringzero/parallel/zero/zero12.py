@@ -17,7 +17,7 @@ from ringzero.parallel.flat_strategy import FlatStrategy
 
 
 class ZeRO1(FlatStrategy):
-    schedule = ZERO1
+    sharding = ZERO1
 
     def _reduce(self, g: FlatGroup) -> None:
         if self.topology.dp == 1:
@@ -27,12 +27,12 @@ class ZeRO1(FlatStrategy):
             comm.reduce_scatter_tensor(out, g.grad_flat, op="sum", group=self.group,
                                        algorithm=self._algorithm("reduce_scatter"))
         g.add_reduced_shard(out)
-        if self.schedule.shard_grads:
+        if self.sharding.shard_grads:
             g.grad_flat = None
 
     def after_step(self) -> None:
         """All-gather the updated shards into every rank's full weights."""
-        if not self.schedule.gathers_after_step or self.topology.dp == 1:
+        if not self.sharding.gathers_after_step or self.topology.dp == 1:
             return
         algo = self._algorithm("all_gather")
         for g in self.groups:
@@ -43,4 +43,4 @@ class ZeRO1(FlatStrategy):
 
 
 class ZeRO2(ZeRO1):
-    schedule = ZERO2
+    sharding = ZERO2

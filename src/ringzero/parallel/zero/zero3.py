@@ -29,7 +29,7 @@ def _units(model: nn.Module) -> list[nn.Module]:
 
 
 class ZeRO3(ZeRO2):
-    schedule = ZERO3
+    sharding = ZERO3
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

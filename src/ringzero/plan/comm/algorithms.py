@@ -60,3 +60,12 @@ def spans_nodes_ok(algorithm: str, n: int, ranks_per_node: int | None) -> bool:
     if algorithm not in NODE_AWARE:
         return True
     return (ranks_per_node or n) < n and fits(algorithm, n, ranks_per_node)
+
+
+def for_collective(algorithm: str, collective: str) -> str:
+    """The algorithm a strategy's `collective` runs when the run names `algorithm` (an all-reduce
+    algorithm, "auto" or "torch"): the same name where `collective` has it, else its ring (or its
+    first algorithm). A ZeRO step's reduce-scatter and all-gather follow the run's all-reduce choice."""
+    if algorithm in SPECIAL or algorithm in names(collective):
+        return algorithm
+    return "ring" if "ring" in names(collective) else names(collective)[0]

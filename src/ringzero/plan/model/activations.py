@@ -114,7 +114,7 @@ def stage_activation_layers(layers: int, pp: int, microbatches: int, schedule: s
                             virtual_stages: int = 1, stage: int = 0) -> int:
     """Blocks x micro-batches whose activations stage `stage` holds at its peak: the in-flight
     (chunk) micro-batches times ceil(L/(p·v)) blocks per chunk (with v = 1, ceil(L/p) per stage)."""
-    v = virtual_stages if schedule == "interleaved" else 1
+    v = pipeline.effective_virtual_stages(schedule, virtual_stages)
     per_chunk = math.ceil(layers / (pp * v))
     return per_chunk * inflight_microbatches(pp, microbatches, schedule, v, stage)
 
@@ -132,7 +132,7 @@ def activation_bytes(m: ModelShape, b: int, s: int, *, pp: int = 1, microbatches
     micro-batch (`head_bytes`), held with the last chunk. With full recomputation one block's
     activations are rebuilt during its backward on top.
     """
-    v = virtual_stages if schedule == "interleaved" else 1
+    v = pipeline.effective_virtual_stages(schedule, virtual_stages)
     per_layer = layer_bytes(m, b, s, recompute=recompute, **kw)
     if pp == 1:
         total = m.layers * per_layer + head

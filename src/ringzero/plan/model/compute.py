@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from ringzero.plan.config import value_bytes
 from ringzero.plan.hardware import Hardware
 from ringzero.plan.model.shapes import ModelShape
 from ringzero.plan.strategies.tensor_parallel import padded_vocab
@@ -102,7 +103,7 @@ def layer_seconds(m: ModelShape, b: int, tp: int, precision: str, recompute: str
                   sequence_parallel: bool, flash_attention: bool, hw: Hardware) -> tuple[float, float]:
     """(forward, backward) seconds of one block for a micro-batch of `b` on one tp rank; backward
     includes what `recompute` runs again."""
-    itemsize = 4 if precision == "fp32" else 2
+    itemsize = value_bytes(precision)
     flops, bw = hw.matmul_flops(precision), hw.hbm_bw * hw.memory_efficiency
     gemms, core = layer_gemms(m, b, tp)
     times = [_gemm_pair(g, hw, flops, itemsize) for g in gemms]
@@ -121,7 +122,7 @@ def layer_seconds(m: ModelShape, b: int, tp: int, precision: str, recompute: str
 def head_seconds(m: ModelShape, b: int, tp: int, precision: str, hw: Hardware) -> tuple[float, float]:
     """(forward, backward) seconds of the output layer: the logits (T, h) @ (h, V/t) and the
     cross-entropy over them (read in 16 bits, softmax kept in fp32 forward and read back)."""
-    itemsize = 4 if precision == "fp32" else 2
+    itemsize = value_bytes(precision)
     vocab = padded_vocab(m.vocab, tp) // tp
     fwd, bwd = _gemm_pair((b * m.seq, vocab, m.hidden, 1), hw, hw.matmul_flops(precision), itemsize)
     loss = b * m.seq * vocab * (itemsize + 4) / (hw.hbm_bw * hw.memory_efficiency)

@@ -180,10 +180,23 @@ def idle_fraction(timeline: list[list[tuple[object, float, float]]]) -> float:
     return sum(1 - sum(e - s for _, s, e in stage) / span for stage in timeline) / len(timeline)
 
 
+def effective_virtual_stages(schedule: str, virtual_stages: int) -> int:
+    """The model chunks per stage that `schedule` runs: v under the interleaved schedule (Narayanan
+    et al. 2021 §2.2.2), 1 under GPipe and 1F1B, which run one chunk per stage whatever v says."""
+    return virtual_stages if schedule == "interleaved" else 1
+
+
 def bubble_fraction(pp: int, microbatches: int, schedule: str = "1f1b", virtual_stages: int = 1) -> float:
     """(p-1)/(m+p-1), and (p-1)/(v·m+p-1) interleaved (Narayanan et al. 2021 §2.2)."""
-    v = virtual_stages if schedule == "interleaved" else 1
+    v = effective_virtual_stages(schedule, virtual_stages)
     return (pp - 1) / (v * microbatches + pp - 1)
+
+
+def bubble_seconds(compute: float, fraction: float) -> float:
+    """Idle seconds of a stage that computes for `compute` seconds a step, with bubble fraction
+    `fraction` (`bubble_fraction`): the bubble is that fraction of compute + bubble, so it is
+    compute x f/(1-f), (p-1)/m x the compute under 1F1B (Narayanan et al. 2021 §2.2)."""
+    return compute * fraction / (1 - fraction)
 
 
 def partition(costs: list[float], chunks: int, first: float = 0.0, last: float = 0.0) -> list[range]:

@@ -16,13 +16,13 @@ rounding and ZeRO's shard padding the meter sees.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 from ringzero.plan.comm.volume import call_for, volume
 from ringzero.plan.config import Parallel, Training
-from ringzero.plan.strategies.memory import Memory, memory
+from ringzero.plan.strategies.memory import Memory, memory, model_parallel_params
 from ringzero.plan.model.shapes import ModelShape, param_count
+from ringzero.plan.strategies.sharding import padded_numel
 from ringzero.plan.strategies.traffic import seed_dp_bytes, seed_pp_bytes, seed_tp_bytes_per_layer
 
 
@@ -66,10 +66,10 @@ def _sent(collective: str, algorithm: str, n: int, count: int, itemsize: int, ra
 def dp_rows(m: ModelShape, tr: Training, par: Parallel) -> list[Row]:
     """Naive and ring all-reduce, ZeRO-1/2 and ZeRO-3, each per step of one micro-batch."""
     n, what_if = _degree(par.dp, par.gpus)
-    local = math.ceil(param_count(m).total / (par.tp * par.pp))
+    local = model_parallel_params(param_count(m).total, par.tp, par.pp)
     k = tr.bytes_per_value
     phi = local * k
-    padded = math.ceil(local / n) * n
+    padded = padded_numel(local, n)
     root = _sent("all_reduce", "naive", n, local, k, 0)
     system = root + (n - 1) * _sent("all_reduce", "naive", n, local, k, 1)
     ring = _sent("all_reduce", "ring", n, local, k)

@@ -40,9 +40,10 @@ from functools import lru_cache
 
 from ringzero.plan.model import activations as act
 from ringzero.plan.pipeline import schedule as pipeline
-from ringzero.plan.config import Parallel, Training
+from ringzero.plan.config import VALUE_BYTES, Parallel, Training, value_bytes
 from ringzero.plan.pipeline.layout import chunk_layers, memory_candidates, stage_params
 from ringzero.plan.model.shapes import ModelShape, param_count
+from ringzero.plan.strategies.sharding import by_zero, shard_numel
 
 MiB = 2**20
 
@@ -63,10 +64,11 @@ class StateBytes:
 @lru_cache(maxsize=None)
 def state_bytes(precision: str, optimizer: str) -> StateBytes:
     """The per-parameter bytes of the table above (cached: a handful of combinations)."""
+    fp32 = VALUE_BYTES["fp32"]          # the moments, and the master copy of 16-bit weights
     mixed = precision != "fp32"
     moments = 2 if optimizer == "adam" else 1
-    return StateBytes(weights=2 if mixed else 4, grads=2 if mixed else 4,
-                      optimizer=4 * moments + (4 if mixed else 0))
+    p = value_bytes(precision)
+    return StateBytes(weights=p, grads=p, optimizer=fp32 * moments + (fp32 if mixed else 0))
 
 
 @dataclass(frozen=True)
@@ -99,10 +101,10 @@ def model_states(n_params: int, sb: StateBytes, dp: int = 1, zero: int = 0, tp: 
                  offload: str = "none") -> tuple[int, int, int, int]:
     """(params, grads, optimizer, offloaded) bytes per GPU for the ZeRO table above."""
     local = model_parallel_params(n_params, tp, pp)
-    shard = math.ceil(local / dp)
-    params = (shard if zero >= 3 else local) * sb.weights
-    grads = (shard if zero >= 2 else local) * sb.grads
-    optimizer = (shard if zero >= 1 else local) * sb.optimizer
+    shard, s = shard_numel(local, dp), by_zero(zero)
+    params = (shard if s.shard_params else local) * sb.weights
+    grads = (shard if s.shard_grads else local) * sb.grads
+    optimizer = (shard if s.shard_optimizer else local) * sb.optimizer
     if offload != "none":
         return params, grads, 0, optimizer
     return params, grads, optimizer, 0
@@ -120,7 +122,7 @@ def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> int:
     sb = state_bytes(tr.precision, tr.optimizer)
     counts = param_count(m)
     layer = counts.per_layer / par.tp
-    if par.zero >= 3:
+    if by_zero(par.zero).shard_params:
         buffers = layer * (2 * sb.weights + sb.grads)
     elif par.dp > 1:
         grads = model_parallel_params(counts.total, par.tp, par.pp) * sb.grads
@@ -161,7 +163,7 @@ def _activations(m: ModelShape, b: int, microbatches: int, value_bytes: int, dro
     them, and the output layer's with the last chunk, rounded up to whole bytes (cached: a search
     asks again for every ZeRO stage and offload, which do not change them)."""
     kw = dict(value_bytes=value_bytes, dropout=dropout, flash=flash, tp=tp, sp=sp)
-    v = virtual_stages if schedule == "interleaved" else 1
+    v = pipeline.effective_virtual_stages(schedule, virtual_stages)
     chunks = tuple(len(r) for r in chunk_layers(m, pp * v)) if pp > 1 else None
     head = act.head_bytes(m, b, m.seq, value_bytes=value_bytes, tp=tp)
     return math.ceil(act.activation_bytes(m, b, m.seq, pp=pp, microbatches=microbatches, schedule=schedule,

@@ -10,12 +10,25 @@ nothing is gathered after the step (§7: 3Φ of traffic against DP's 2Φ).
 
 This table is the only description of those schedules: the engine's strategy classes read what to
 shard and when to reduce and gather from it (`ringzero.parallel`), `twin.predict` prices it per flat
-bucket and `plan.strategies.traffic` for the whole model (Φ).
+bucket and `plan.strategies.traffic` for the whole model (Φ). `shard_numel` and `padded_numel` are
+the one formula of a sharded bucket's size, ⌈n/N⌉ and ⌈n/N⌉·N, for the planner and the engine alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+def shard_numel(numel: int, ranks: int) -> int:
+    """⌈n/N⌉: the elements of each rank's shard of a flat bucket of `numel` over `ranks` dp ranks.
+    ZeRO pads a bucket with zeros to N equal shards (Rajbhandari et al. 2020 §5; FSDP's
+    FlatParameter does the same), so every rank's shard, and every collective's chunk, is this size."""
+    return -(-numel // ranks)
+
+
+def padded_numel(numel: int, ranks: int) -> int:
+    """⌈n/N⌉·N: the bucket with its zero padding, the elements its reduce-scatter and all-gather move."""
+    return shard_numel(numel, ranks) * ranks
 
 
 @dataclass(frozen=True)
@@ -80,7 +93,7 @@ class Strategy:
             return []
         out = []
         for numel, root in buckets:
-            count = numel if not self.shard_optimizer else -(-numel // ranks) * ranks
+            count = numel if not self.shard_optimizer else padded_numel(numel, ranks)
             for c in self.collectives:
                 if c.times(micro_batches, root):
                     out.append((c.collective, count, itemsize, c.times(micro_batches, root)))

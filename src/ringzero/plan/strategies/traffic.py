@@ -39,7 +39,6 @@ ranks, a dp group strides by tp, and a group is inside one node when its span fi
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -48,7 +47,8 @@ from ringzero.plan.config import Parallel, Training
 from ringzero.plan.pipeline.layout import busiest_stage_layers
 from ringzero.plan.placement import Placement
 from ringzero.plan.model.shapes import ModelShape, param_count
-from ringzero.plan.strategies.sharding import by_zero
+from ringzero.plan.strategies.memory import model_parallel_params
+from ringzero.plan.strategies.sharding import by_zero, padded_numel
 from ringzero.plan.pipeline import schedule as pipeline
 from ringzero.plan.strategies import tensor_parallel
 from ringzero.plan.comm.volumes import hierarchical
@@ -119,7 +119,7 @@ def data_parallel_ops(m: ModelShape, tr: Training, par: Parallel, gpus_per_node:
     """The gradient/weight collectives of DP or ZeRO over the dp group (empty when dp = 1)."""
     if par.dp == 1:
         return []
-    return list(_data_parallel_ops(param_count(m).total, 2 if tr.precision != "fp32" else 4,
+    return list(_data_parallel_ops(param_count(m).total, tr.bytes_per_value,
                                    tr.accumulation(par.dp), par.dp, par.tp, par.pp, par.zero, gpus_per_node,
                                    algorithm))
 
@@ -129,9 +129,9 @@ def _data_parallel_ops(n_params: int, size: int, micro: int, n: int, tp: int, pp
                        gpus_per_node: int, algorithm: str) -> tuple[CommOp, ...]:
     """`data_parallel_ops` from plain numbers (cached: a search asks again for every recomputation,
     sequence-parallel and schedule setting, which do not change them)."""
-    local = math.ceil(n_params / (tp * pp))
+    local = model_parallel_params(n_params, tp, pp)
     node = Placement(dp=n, tp=tp, pp=pp, ranks_per_node=gpus_per_node).node_size("dp")
-    padded = math.ceil(local / n) * n
+    padded = padded_numel(local, n)
 
     strategy = by_zero(zero)
     kind = "dp" if zero == 0 else "zero"

@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ringzero.plan.strategies.quantization import BITS, DEFAULT_BLOCK, levels, quantized_bytes
+from ringzero.plan.strategies.sharding import padded_numel, shard_numel
 
 OPTIONS = ("qwz", "hpz", "qgz")
 WEIGHT_BITS = 8
@@ -83,8 +84,7 @@ def bucket_calls(cfg: ZeroPP, numel: int, root: bool, dp: int, itemsize: int,
     a call on a group of one rank moves nothing and is left out."""
     h = cfg.partition
     nodes = cfg.blocks(dp)
-    n = -(-numel // dp) * dp
-    s, m = n // dp, micro_batches
+    n, s, m = padded_numel(numel, dp), shard_numel(numel, dp), micro_batches
     primary = ("dp", "all_gather", dp * quantized_bytes(s, WEIGHT_BITS, cfg.block), 1, m) if cfg.qwz \
         else ("dp", "all_gather", n, itemsize, m)
     out = [primary]
@@ -110,7 +110,7 @@ def secondary_bytes(cfg: ZeroPP, buckets: list[tuple[int, bool]], dp: int, items
     """hpZ's secondary copy held per rank: 1/partition of every layer bucket (the root never needs one)."""
     if not cfg.hpz:
         return 0
-    return sum(-(-numel // dp) * dp // cfg.partition * itemsize for numel, root in buckets if not root)
+    return sum(padded_numel(numel, dp) // cfg.partition * itemsize for numel, root in buckets if not root)
 
 
 def group_members(cfg: ZeroPP, group: str, dp_members: tuple[int, ...], dp_rank: int) -> tuple[int, ...]:

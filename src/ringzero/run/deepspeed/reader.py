@@ -109,13 +109,13 @@ def _bucket(path: str, r: Reader, cfg: TrainConfig, overrides: dict) -> TrainCon
     DP's all-reduce and ZeRO-1/2's reduce-scatter buckets, which ZeRO-1/2 also all-gather the
     updated shards in (so allgather_bucket_size is that size too, when it is the only one given)."""
     reduce_n, gather_n = r.later.get("reduce_bucket_size"), r.later.get("allgather_bucket_size")
-    if cfg.strategy == "zero3":
+    if cfg.sharding.shard_params:
         for key in ("reduce_bucket_size", "allgather_bucket_size"):
             if r.later.get(key) is not None:
                 r.note(f"zero_optimization.{key} has no effect here: ringzero's ZeRO-3 reduces and gathers one "
                        "layer per bucket")
         return cfg
-    gathers = cfg.strategy in ("zero1", "zero2")
+    gathers = cfg.sharding.gathers_after_step
     if gather_n is not None and not gathers:
         r.note(f"zero_optimization.allgather_bucket_size has no effect here: strategy {cfg.strategy} gathers nothing")
     if gathers and None not in (reduce_n, gather_n) and reduce_n != gather_n:

@@ -1,21 +1,21 @@
-"""How a data-parallel strategy runs, besides what it shards (`plan.strategies.sharding`: the one table of the
-strategies and their collectives, re-exported here for the engine's callers)."""
+"""How a data-parallel strategy runs, besides what it shards (`sharding`, a row of
+`plan.strategies.sharding`: the one table of the strategies and their collectives)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ringzero.comm import registry
+from ringzero.plan.comm.algorithms import for_collective
 from ringzero.plan.strategies.zeropp import ZeroPP
-from ringzero.plan.strategies.sharding import DP, STRATEGIES, ZERO1, ZERO2, ZERO3, Strategy  # noqa: F401
-from ringzero.plan.strategies.sharding import strategy as stage  # noqa: F401
+from ringzero.plan.strategies.sharding import DP, ZERO3, Strategy
 
 
 @dataclass(frozen=True, kw_only=True)
 class ShardingConfig:
-    """How a strategy runs (besides what it shards: `stage`, a `plan.strategies.sharding.Strategy`)."""
+    """How a strategy runs (besides what it shards: `sharding`, a `plan.strategies.sharding.Strategy`)."""
 
-    stage: Strategy = DP
+    sharding: Strategy = DP
     bucket_mb: float = 25.0
     """Gradient bucket size in MiB for DP/ZeRO-1/2 (DDP's default is 25); ZeRO-3 uses one bucket
     per layer."""
@@ -27,24 +27,19 @@ class ShardingConfig:
     zeropp: ZeroPP | None = None
     """ZeRO-3 only: the ZeRO++ options (qwZ, hpZ, qgZ) and their node blocks (`plan.strategies.zeropp`)."""
     offload_params: object | None = None
-    """ZeRO-3 only: a `parallel.offload.optimizer.OffloadConfig` saying where the weight shards live between
+    """ZeRO-3 only: a `parallel.offload.config.OffloadConfig` saying where the weight shards live between
     uses (cpu or nvme: `parallel.offload.zero3`); None: on the device."""
 
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
         registry.check_name("all_reduce", self.algorithm)
-        if self.zeropp is not None and self.stage is not ZERO3:
-            raise ValueError(f"ZeRO++ ({', '.join(self.zeropp.on)}) runs on ZeRO-3, not {self.stage.name}")
-        if self.offload_params is not None and self.stage is not ZERO3:
-            raise ValueError(f"parameter offload runs on ZeRO-3, not {self.stage.name}")
+        if self.zeropp is not None and self.sharding is not ZERO3:
+            raise ValueError(f"ZeRO++ ({', '.join(self.zeropp.on)}) runs on ZeRO-3, not {self.sharding.name}")
+        if self.offload_params is not None and self.sharding is not ZERO3:
+            raise ValueError(f"parameter offload runs on ZeRO-3, not {self.sharding.name}")
         if self.offload_params is not None and self.zeropp is not None:
             raise ValueError("parameter offload and ZeRO++ do not run together in ringzero")
 
     def algorithm_for(self, collective: str) -> str:
-        if self.algorithm in ("auto", "torch"):
-            return self.algorithm
-        if self.algorithm in registry.algorithms(collective):
-            return self.algorithm
-        names = registry.algorithms(collective)
-        return "ring" if "ring" in names else names[0]
+        return for_collective(self.algorithm, collective)
