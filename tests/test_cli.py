@@ -126,9 +126,9 @@ def _checks_on(cfg):
 def test_checks_flag_turns_the_handshake_on_in_the_ranks(monkeypatch):
     from ringzero.commands import train as train_cmd
     from ringzero.comm import config as comm_config
-    from ringzero.train import engine
+    from ringzero.train import rank
     seen = []
-    monkeypatch.setattr(engine, "train_rank", lambda cfg, progress=None: seen.append(_checks_on(cfg)))
+    monkeypatch.setattr(rank, "train_rank", lambda cfg, progress=None: seen.append(_checks_on(cfg)))
     prev = comm_config.set_config(comm_config.CommConfig(checks=False))
     try:
         train_cmd._rank_main(train_cmd.TrainConfig(steps=1), True, False, checks=True)

@@ -75,40 +75,54 @@ def test_bad_fault_options_are_one_line(argv, message, capsys):
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
 
 
+@pytest.fixture(scope="module")
+def unbroken(tmp_path_factory):
+    """The step-6 checkpoint of a run of `layout` never killed, made once per layout: the restart
+    tests under the launcher and under torchrun compare against the same zero2 run."""
+    made: dict[tuple, str] = {}
+
+    def get(layout: list[str]) -> str:
+        if tuple(layout) not in made:
+            folder = tmp_path_factory.mktemp("unbroken")
+            assert cli.main(["train", "--nproc", "2", *layout, "--save-every", "2", *QUICK, "--steps", "6",
+                             "--quiet", "--save-dir", str(folder)]) == 0
+            made[tuple(layout)] = str(folder / "step-00000006")
+        return made[tuple(layout)]
+    return get
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("layout, victim", [(["--strategy", "zero2"], 1),
                                             (["--strategy", "ps", "--servers", "1"], 2)])
-def test_a_killed_rank_restarts_the_job_from_its_latest_checkpoint(tmp_path, capsys, layout, victim):
+def test_a_killed_rank_restarts_the_job_from_its_latest_checkpoint(tmp_path, capsys, unbroken, layout, victim):
     """--max-restarts 1: a rank is killed (SIGKILL) as step 3 begins (zero2: rank 1; the parameter
     server: its server, rank 2); the job restarts from the checkpoint of step 2 and ends with the
     parameters and Adam states of a run never killed."""
     from ringzero.checkpoint.load import Reader
     common = ["train", "--nproc", "2", *layout, "--save-every", "2", *QUICK, "--steps", "6"]
-    assert cli.main([*common, "--save-dir", str(tmp_path / "a")]) == 0
     assert cli.main([*common, "--save-dir", str(tmp_path / "b"), "--max-restarts", "1", "--inject-kill",
                      f"{victim}:3"]) == 0
     err = capsys.readouterr().err
     assert f"rank {victim}" in err and "restart 1 of 1 from" in err and "step-00000002" in err, err
-    a, b = Reader(str(tmp_path / "a" / "step-00000006")), Reader(str(tmp_path / "b" / "step-00000006"))
+    a, b = Reader(unbroken(layout)), Reader(str(tmp_path / "b" / "step-00000006"))
     assert a.manifest.tensors.keys() == b.manifest.tensors.keys()
     for name in a.manifest.tensors:
         assert a.tensor(name).equal(b.tensor(name)), name
 
 
 @pytest.mark.timeout(300)
-def test_torchruns_own_restart_resumes_from_the_newest_checkpoint(tmp_path):
+def test_torchruns_own_restart_resumes_from_the_newest_checkpoint(tmp_path, unbroken):
     """Under torchrun --max-restarts 1 the restarted ranks (TORCHELASTIC_RESTART_COUNT > 0) resume
     from the newest checkpoint under --save-dir and end as a run never killed, bit for bit."""
     from ringzero.checkpoint.load import Reader
     common = ["train", "--strategy", "zero2", "--save-every", "2", *QUICK, "--steps", "6", "--quiet"]
-    assert cli.main([common[0], "--nproc", "2", *common[1:], "--save-dir", str(tmp_path / "a")]) == 0
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "--max-restarts", "1", "-m", "ringzero.cli", *common, "--save-dir", str(tmp_path / "b"),
                           "--inject-kill", "1:3"], capture_output=True, text=True, timeout=280,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "restarted by torchrun from" in out.stderr and "step-00000002" in out.stderr, out.stderr[-3000:]
-    a, b = Reader(str(tmp_path / "a" / "step-00000006")), Reader(str(tmp_path / "b" / "step-00000006"))
+    a, b = Reader(unbroken(["--strategy", "zero2"])), Reader(str(tmp_path / "b" / "step-00000006"))
     assert a.manifest.tensors.keys() == b.manifest.tensors.keys()
     for name in a.manifest.tensors:
         assert a.tensor(name).equal(b.tensor(name)), name
