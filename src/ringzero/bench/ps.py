@@ -76,7 +76,8 @@ def _rank(cfg: TrainConfig):
 
 def measure(name: str, cfg: TrainConfig, workers: int) -> dict:
     from ringzero import launch
-    world = workers + (cfg.servers if cfg.strategy == "ps" else 0)
+    from ringzero.run.kind import RunKind
+    world = workers + (cfg.servers if cfg.kind is RunKind.PARAMETER_SERVER else 0)
     t0 = time.perf_counter()
     results = launch.run(_rank, world, args=(cfg,), backend="gloo")
     wall = time.perf_counter() - t0
@@ -84,7 +85,8 @@ def measure(name: str, cfg: TrainConfig, workers: int) -> dict:
     own = w0.ps.get("own_val", w0.val)
     servers = [r for r in results if r.role == "server"]
     staleness = [s for r in servers for s in r.ps["staleness"]]
-    ring = sum(op["bytes_sent"] for op in w0.traffic.get("ops", {}).values()) if cfg.strategy == "dp" else None
+    grid = cfg.kind is RunKind.GRID                  # the all-reduce baseline
+    ring = sum(op["bytes_sent"] for op in w0.traffic.get("ops", {}).values()) if grid else None
     ingress = max((r.traffic["ops"]["ps/push"]["bytes_recv"] / cfg.steps for r in servers), default=None)
     return {"mode": name, "wall_s": wall, "val": [(s, v, t) for (s, v), t in zip(own, w0.val_at_s)],
             "final_val": own[-1][1], "updates": sum(r.ps["updates"] for r in servers) // max(1, len(servers))
