@@ -242,3 +242,24 @@ def test_a_rank_killed_mid_run_is_one_line_exit_1():
     lines = [ln for ln in err.splitlines() if not ln.startswith("ringzero: starting")]
     assert len(lines) == 1 and "rank 1 died" in lines[0], err
     assert _gone(ranks)
+
+
+@pytest.mark.timeout(60)
+def test_an_unwinding_that_hangs_after_a_signal_still_ends_the_job_in_one_line():
+    """After Ctrl-C or SIGTERM the launcher unwinds; should that hang (here: a sleep stands for
+    it), the armed exit kills the children, says the one line and exits with 128 + the signal."""
+    code = ("import multiprocessing as mp, time\n"
+            "from ringzero import cli\n"
+            "if __name__ == '__main__':\n"
+            "    child = mp.get_context('spawn').Process(target=time.sleep, args=(600,), daemon=True)\n"
+            "    child.start()\n"
+            "    print(child.pid, flush=True)\n"
+            "    cli.UNWIND_S = 0.5\n"
+            "    try:\n"
+            "        cli._raise_interrupted(2, None)\n"
+            "    except KeyboardInterrupt:\n"
+            "        time.sleep(600)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert done.returncode == 130, done.stderr
+    assert done.stderr.strip().splitlines() == ["ringzero: interrupted (Ctrl-C); every rank was stopped"], done.stderr
+    assert _gone([int(done.stdout.split()[0])]), "the child outlived the exit"

@@ -106,7 +106,36 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+UNWIND_S = 20.0
+"""After Ctrl-C or SIGTERM the launcher unwinds (stops its ranks, closes its pipes and threads);
+should that itself hang, the process exits this many seconds later anyway, its ranks killed."""
+_said = threading.Event()
+_timers: list[threading.Timer] = []
+
+
+def _exit_after(seconds: float, code: int, line: str) -> None:
+    """Arm a daemon timer: if the process is still alive `seconds` from now, kill its child
+    processes, say `line` (unless the unwinding said it already) and exit with `code`."""
+    def hard_exit() -> None:
+        import multiprocessing
+        for child in multiprocessing.active_children():
+            child.kill()
+        if not _said.is_set():
+            print(line, file=sys.stderr, flush=True)
+        os._exit(code)
+    timer = threading.Timer(seconds, hard_exit)
+    timer.daemon = True
+    timer.start()
+    _timers.append(timer)
+
+
+def _raise_interrupted(signum, frame):
+    _exit_after(UNWIND_S, 128 + signum, "ringzero: interrupted (Ctrl-C); every rank was stopped")
+    raise KeyboardInterrupt
+
+
 def _raise_terminated(signum, frame):
+    _exit_after(UNWIND_S, 128 + signum, f"ringzero: stopped by signal {signum} (SIGTERM); every rank was stopped")
     raise Terminated(signum)
 
 
@@ -133,6 +162,7 @@ def _stopped(command: str | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    program = argv is None             # the `ringzero` command, not a call from Python
     argv = sys.argv[1:] if argv is None else argv
     first = next((a for a in argv if not a.startswith("-")), None)
     debug = "--debug" in argv or os.environ.get("RINGZERO_DEBUG", "0") not in ("", "0")
@@ -140,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     # (die at once): its agent sends SIGTERM while the rank may be blocked in a collective.
     main_thread = threading.current_thread() is threading.main_thread() and not in_torchrun()
     old = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    old_int = signal.signal(signal.SIGINT, _raise_interrupted) if main_thread and first in RANKED else None
     try:
         try:
             args = build_parser(first if first in COMMANDS else None).parse_args(argv)
@@ -150,16 +181,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ringzero: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"ringzero: interrupted (Ctrl-C){_stopped(first)}", file=sys.stderr)
+        print(f"ringzero: interrupted (Ctrl-C){_stopped(first)}", file=sys.stderr, flush=True)
+        _said.set()
         return 128 + signal.SIGINT
     except Terminated as exc:
-        print(f"ringzero: stopped by signal {exc.signum} (SIGTERM){_stopped(first)}", file=sys.stderr)
+        print(f"ringzero: stopped by signal {exc.signum} (SIGTERM){_stopped(first)}", file=sys.stderr, flush=True)
+        _said.set()
         return 128 + exc.signum
     except Exception as exc:
         return _fail(exc, debug)
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, old)
+        if old_int is not None:
+            signal.signal(signal.SIGINT, old_int)
+        if not program:                # a caller in Python lives on: no exit after it returns
+            for timer in _timers:
+                timer.cancel()
+            _timers.clear()
 
 
 if __name__ == "__main__":
