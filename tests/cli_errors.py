@@ -2,6 +2,8 @@
 stderr, exit code 2, the report not written and nothing else either; and the helpers those files
 share (no rank may start; is a process alive)."""
 
+import os
+
 from ringzero import cli
 
 
@@ -38,3 +40,24 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def tree(root) -> list[str]:
+    """Every file and folder under `root`, relative, sorted."""
+    return sorted(os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files)
+
+
+def refused(capsys, root, argv: list[str], *expected: str) -> str:
+    """cli.main(argv) is bad input: exit 2, one line naming each of `expected`, no traceback, nothing
+    new under `root`; returns the line without its "ringzero: error: " prefix."""
+    before = tree(root)
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    assert code == 2, (code, out.err)
+    lines = out.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ringzero: error: "), out.err
+    for e in expected:
+        assert e in lines[0], (e, lines[0])
+    assert "Traceback" not in out.out + out.err
+    assert tree(root) == before, "something was written"
+    return lines[0].removeprefix("ringzero: error: ")

@@ -8,12 +8,11 @@ through the checks fails at once instead of training."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from ringzero import cli
-from cli_errors import forbid_ranks
+from cli_errors import forbid_ranks, refused
 
 MANIFEST = {"format": "ringzero.checkpoint/1", "step": 1, "layout": {}, "config": {},
             "tensors": {"param/w": {"shape": [2, 2], "dtype": "float32", "pieces": [
@@ -214,10 +213,6 @@ CASES = [
 ]
 
 
-def _tree(root) -> list[str]:
-    return sorted(os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files)
-
-
 @pytest.fixture
 def cwd(tmp_path, monkeypatch):
     """The working folder with the inputs the cases name; no rank can start."""
@@ -235,20 +230,6 @@ def cwd(tmp_path, monkeypatch):
         if data is not None:
             (step / "rank-00000.safetensors").write_bytes(data)
     return tmp_path
-
-
-def refused(capsys, root, argv, expected) -> str:
-    """cli.main(argv) is bad input: exit 2, one line naming `expected`, nothing new under `root`."""
-    before = _tree(root)
-    code = cli.main(argv)
-    out = capsys.readouterr()
-    assert code == 2, (code, out.err)
-    lines = out.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ringzero: error: "), out.err
-    assert expected in lines[0], (expected, lines[0])
-    assert "Traceback" not in out.out + out.err
-    assert _tree(root) == before, "something was written"
-    return lines[0]
 
 
 @pytest.mark.parametrize("line,expected", CASES, ids=[c[0] for c in CASES])

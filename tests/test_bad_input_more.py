@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ringzero import cli, comm
-from cli_errors import alive, forbid_ranks
+from cli_errors import alive, forbid_ranks, refused
 
 GIB = 2**30
 
@@ -35,23 +35,6 @@ def passed_the_checks(capsys, argv: list[str]) -> None:
     code = cli.main(argv)
     err = capsys.readouterr().err
     assert code == 1 and "a rank was about to start" in err, (code, err)
-
-
-def _tree(root) -> list[str]:
-    return sorted(os.path.relpath(os.path.join(d, n), root) for d, dirs, files in os.walk(root) for n in dirs + files)
-
-
-def refused(capsys, root, argv: list[str], *expected: str) -> str:
-    before = _tree(root)
-    code = cli.main(argv)
-    out = capsys.readouterr()
-    assert code == 2, (code, out.err)
-    lines = out.err.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ringzero: error: "), out.err
-    for e in expected:
-        assert e in lines[0], (e, lines[0])
-    assert _tree(root) == before, "something was written"
-    return lines[0].removeprefix("ringzero: error: ")
 
 
 # 1, 2: bench comm's timeout and nodes, refused as train refuses them
