@@ -62,7 +62,7 @@ def test_a_resumed_run_equals_the_run_never_stopped(pool, tmp_path, name):
 
 
 def _reload(group, cfg, out):
-    """Build `cfg`'s trainer (loading cfg.resume in this layout) and save it again, unchanged."""
+    """Build `cfg`'s trainer (loading cfg.checkpoint.resume in this layout) and save it again, unchanged."""
     import torch.distributed as dist
     from ringzero.parallel.topology import Topology
     world = dist.get_world_size(group)

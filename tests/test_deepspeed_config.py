@@ -61,9 +61,9 @@ def _nested(dotted: str, value) -> dict:
 
 def test_hello_deepspeed(tmp_path):
     cfg, warned, lines = _read(tmp_path, "hello_deepspeed.json")
-    assert (cfg.strategy, cfg.precision, cfg.micro_batch, cfg.lr, cfg.offload_optimizer) == \
+    assert (cfg.parallel.strategy, cfg.optim.precision, cfg.training.micro_batch, cfg.optim.lr, cfg.zero.offload_optimizer) == \
         ("zero1", "fp16", 8, 1e-4, "cpu")
-    assert cfg.loss_scaler == DEEPSPEED == LossScalerConfig(window=1000, hysteresis=2)   # DeepSpeed's defaults
+    assert cfg.optim.loss_scaler == DEEPSPEED == LossScalerConfig(window=1000, hysteresis=2)   # DeepSpeed's defaults
     assert lines == []
 
 
@@ -73,19 +73,19 @@ def test_bing_bert_zero2(tmp_path):
     del ds["optimizer"]["params"]["bias_correction"]
     cfg, warned, _ = _read(tmp_path, ds)
     # 4096 sequences = 64 per rank x 2 ranks x 32 micro-batches
-    assert (cfg.micro_batch, cfg.grad_accum, cfg.global_batch(2)) == (64, 32, 4096)
-    assert (cfg.strategy, cfg.precision, cfg.lr, cfg.weight_decay, cfg.clip, cfg.log_every) == \
+    assert (cfg.training.micro_batch, cfg.training.grad_accum, cfg.global_batch(2)) == (64, 32, 4096)
+    assert (cfg.parallel.strategy, cfg.optim.precision, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.clip, cfg.training.log_every) == \
         ("zero2", "fp16", 4e-4, 0.01, 1.0, 1000)
-    assert cfg.bucket_mb == 5e8 * 2 / MiB                   # elements of fp16 gradients
+    assert cfg.parallel.bucket_mb == 5e8 * 2 / MiB                   # elements of fp16 gradients
     assert sorted(warned) == sorted(f"zero_optimization.{k}" for k in (
         "allgather_partitions", "reduce_scatter", "overlap_comm", "contiguous_gradients"))
 
 
 def test_megatron_gpt2_zero2(tmp_path):
     cfg, warned, _ = _read(tmp_path, "megatron_gpt2_zero2.json")
-    assert (cfg.micro_batch, cfg.grad_accum) == (4, 1)       # 8 = micro x 1 x 2 ranks
-    assert (cfg.betas, cfg.lr, cfg.bucket_mb, cfg.log_every) == ((0.9, 0.95), 1.5e-4, 5e7 * 2 / MiB, 1)
-    assert cfg.loss_scaler == LossScalerConfig(window=1000, hysteresis=2, min_scale=1.0)
+    assert (cfg.training.micro_batch, cfg.training.grad_accum) == (4, 1)       # 8 = micro x 1 x 2 ranks
+    assert (cfg.optim.betas, cfg.optim.lr, cfg.parallel.bucket_mb, cfg.training.log_every) == ((0.9, 0.95), 1.5e-4, 5e7 * 2 / MiB, 1)
+    assert cfg.optim.loss_scaler == LossScalerConfig(window=1000, hysteresis=2, min_scale=1.0)
     # wall_clock_breakdown is on; zero_allow_untested_optimizer and cpu_offload are off: no line.
     assert "wall_clock_breakdown" in warned and "zero_allow_untested_optimizer" not in warned
     assert not any("cpu_offload" in w for w in warned)
@@ -93,9 +93,9 @@ def test_megatron_gpt2_zero2(tmp_path):
 
 def test_megatron_gpt2_zero3_with_warmup_and_activation_checkpointing(tmp_path):
     cfg, warned, lines = _read(tmp_path, "megatron_gpt2_zero3.json", steps=50)
-    assert (cfg.strategy, cfg.micro_batch, cfg.grad_accum, cfg.warmup, cfg.lr) == ("zero3", 4, 2, 20, 6e-4)
-    assert cfg.loss_scaler.initial_scale == 2.0**12 and cfg.loss_scaler.hysteresis == 2
-    assert cfg.bucket_mb == TrainConfig().bucket_mb             # ZeRO-3 buckets are layers
+    assert (cfg.parallel.strategy, cfg.training.micro_batch, cfg.training.grad_accum, cfg.optim.warmup, cfg.optim.lr) == ("zero3", 4, 2, 20, 6e-4)
+    assert cfg.optim.loss_scaler.initial_scale == 2.0**12 and cfg.optim.loss_scaler.hysteresis == 2
+    assert cfg.parallel.bucket_mb == TrainConfig().parallel.bucket_mb             # ZeRO-3 buckets are layers
     for key in ("activation_checkpointing", "zero_optimization.reduce_bucket_size",
                 "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.offload_optimizer.pipeline_read",
                 "scheduler"):
@@ -107,9 +107,9 @@ def test_megatron_gpt2_zero3_with_warmup_and_activation_checkpointing(tmp_path):
 def test_zero_infinity_nvme(tmp_path):
     ds = json.loads((FIXTURES / "zero_infinity_nvme.json").read_text().replace("NVME_PATH", str(tmp_path)))
     cfg, warned, lines = _read(tmp_path, ds)
-    assert (cfg.strategy, cfg.precision, cfg.offload_optimizer, cfg.offload_params, cfg.nvme_path) == \
+    assert (cfg.parallel.strategy, cfg.optim.precision, cfg.zero.offload_optimizer, cfg.zero.offload_params, cfg.zero.nvme_path) == \
         ("zero3", "bf16", "nvme", "nvme", str(tmp_path))
-    assert (cfg.offload_buffers, cfg.offload_pin_memory) == (4, True)      # the optimizer section's count
+    assert (cfg.zero.offload_buffers, cfg.zero.offload_pin_memory) == (4, True)      # the optimizer section's count
     assert any("offload_param.buffer_count 5 is not used" in line for line in lines)
     assert {"aio", "zero_optimization.offload_param.max_in_cpu", "zero_optimization.offload_optimizer.fast_init"} \
         <= set(warned)
@@ -119,7 +119,7 @@ def test_zero_infinity_nvme(tmp_path):
 
 def test_hf_trainer_auto_takes_the_command_line(tmp_path):
     cfg, warned, lines = _read(tmp_path, "hf_trainer_bf16_zero3_auto.json")
-    assert (cfg.precision, cfg.micro_batch, cfg.lr, cfg.warmup) == ("fp32", 8, TrainConfig().lr, TrainConfig().warmup)
+    assert (cfg.optim.precision, cfg.training.micro_batch, cfg.optim.lr, cfg.optim.warmup) == ("fp32", 8, TrainConfig().optim.lr, TrainConfig().optim.warmup)
     note = next(line for line in lines if line.startswith("note:"))
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "bf16.enabled", "optimizer.params.lr",
                 "scheduler.params.warmup_num_steps", "zero_optimization.reduce_bucket_size"):
@@ -127,8 +127,8 @@ def test_hf_trainer_auto_takes_the_command_line(tmp_path):
     assert any("fp16.loss_scale, " in line and "without loss scaling" in line for line in lines)
     cfg, _, lines = _read(tmp_path, "hf_trainer_bf16_zero3_auto.json", precision="fp16", micro_batch=2, lr=1e-3,
                           warmup=5)
-    assert (cfg.precision, cfg.micro_batch, cfg.lr, cfg.warmup) == ("fp16", 2, 1e-3, 5)
-    assert cfg.loss_scaler == DEEPSPEED and not any("without loss scaling" in line for line in lines)
+    assert (cfg.optim.precision, cfg.training.micro_batch, cfg.optim.lr, cfg.optim.warmup) == ("fp16", 2, 1e-3, 5)
+    assert cfg.optim.loss_scaler == DEEPSPEED and not any("without loss scaling" in line for line in lines)
 
 
 # -- unknown, refused and warned keys ---------------------------------------------------------------
@@ -193,7 +193,7 @@ def test_docs_table_names_every_key():
 ])
 def test_train_batch_size_derives_the_missing_one(tmp_path, ds, overrides, micro, accum):
     cfg = _read(tmp_path, ds, **overrides)[0]
-    assert (cfg.micro_batch, cfg.grad_accum, cfg.global_batch(2)) == (micro, accum, ds["train_batch_size"])
+    assert (cfg.training.micro_batch, cfg.training.grad_accum, cfg.global_batch(2)) == (micro, accum, ds["train_batch_size"])
 
 
 @pytest.mark.parametrize("ds, overrides, message", [
@@ -214,12 +214,12 @@ def test_a_batch_that_does_not_add_up_is_one_line(tmp_path, ds, overrides, messa
 
 def test_bucket_sizes_are_elements_of_the_training_precision(tmp_path):
     n = 1 << 20
-    assert _read(tmp_path, {"zero_optimization": {"stage": 2, "reduce_bucket_size": n}})[0].bucket_mb == 4.0
+    assert _read(tmp_path, {"zero_optimization": {"stage": 2, "reduce_bucket_size": n}})[0].parallel.bucket_mb == 4.0
     ds = {"zero_optimization": {"stage": 1, "allgather_bucket_size": n}, "bf16": {"enabled": True}}
-    assert _read(tmp_path, ds)[0].bucket_mb == 2.0              # ZeRO-1 gathers in its buckets
+    assert _read(tmp_path, ds)[0].parallel.bucket_mb == 2.0              # ZeRO-1 gathers in its buckets
     cfg, warned, _ = _read(tmp_path, {"zero_optimization": {"stage": 0, "allgather_bucket_size": n}})
-    assert cfg.bucket_mb == TrainConfig().bucket_mb and warned == ["zero_optimization.allgather_bucket_size"]
-    assert _read(tmp_path, {"zero_optimization": {"reduce_bucket_size": n}}, bucket_mb=3.0)[0].bucket_mb == 3.0
+    assert cfg.parallel.bucket_mb == TrainConfig().parallel.bucket_mb and warned == ["zero_optimization.allgather_bucket_size"]
+    assert _read(tmp_path, {"zero_optimization": {"reduce_bucket_size": n}}, bucket_mb=3.0)[0].parallel.bucket_mb == 3.0
     _refused(tmp_path, {"zero_optimization": {"reduce_bucket_size": 0}}, "zero_optimization.reduce_bucket_size in",
              "bucket_mb must be > 0")
 
@@ -228,18 +228,18 @@ def test_schedulers(tmp_path):
     cosine = {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 7, "warmup_type": "linear",
                                                    "cos_min_ratio": 0.1, "total_num_steps": 40}}
     cfg, warned, lines = _read(tmp_path, {"scheduler": cosine, "optimizer": {"params": {"lr": 2e-3}}}, steps=40)
-    assert (cfg.warmup, cfg.lr, lines) == (7, 2e-3, [])       # ringzero's own schedule: nothing to say
+    assert (cfg.optim.warmup, cfg.optim.lr, lines) == (7, 2e-3, [])       # ringzero's own schedule: nothing to say
     cfg, warned, lines = _read(tmp_path, {"scheduler": cosine}, steps=60)
     assert warned == ["scheduler"] and "at step 40" in lines[0]
     decay = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 1e-5, "warmup_num_steps": 4, "total_num_steps": 90,
                                                  "last_batch_iteration": 10}}
     cfg, warned, lines = _read(tmp_path, {"scheduler": decay})
-    assert (cfg.warmup, cfg.lr, warned) == (4, 1e-3, ["scheduler"])     # DeepSpeed's warmup_max_lr default
+    assert (cfg.optim.warmup, cfg.optim.lr, warned) == (4, 1e-3, ["scheduler"])     # DeepSpeed's warmup_max_lr default
     for words in ("logarithmically", "starts from 0, not from 1e-05", "linearly to 0 at step 90",
                   "last_batch_iteration 10"):
         assert words in lines[0], (words, lines[0])
     cfg, warned, _ = _read(tmp_path, {"scheduler": {"type": "OneCycle", "params": {"cycle_max_lr": 1}}})
-    assert warned == ["scheduler"] and cfg.warmup == TrainConfig().warmup
+    assert warned == ["scheduler"] and cfg.optim.warmup == TrainConfig().optim.warmup
     _refused(tmp_path, {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 3}}},
              "total_num_steps is required by WarmupDecayLR")
     _refused(tmp_path, {"scheduler": {"type": "WarmupLR", "params": {"cos_min_ratio": 0.1}}},
@@ -254,16 +254,16 @@ def test_command_line_flags_win_over_mapped_keys(tmp_path):
     args = cli.build_parser("train").parse_args(["train", "--config", str(path), "--bucket-mb", "2", "--lr", "0.01",
                                                  "--micro-batch", "2", "--grad-accum", "2"])
     cfg = train_cmd.config_from(args, world=2)                # 8 = 2 x 2 x 2 ranks
-    assert (cfg.bucket_mb, cfg.lr, cfg.micro_batch, cfg.grad_accum) == (2.0, 0.01, 2, 2)
+    assert (cfg.parallel.bucket_mb, cfg.optim.lr, cfg.training.micro_batch, cfg.training.grad_accum) == (2.0, 0.01, 2, 2)
 
 
 # -- the fp16 loss scaler from the fp16 section ------------------------------------------------
 
 def test_fp16_section_sets_the_scaler(tmp_path):
     cfg = _read(tmp_path, {"fp16": {"enabled": True, "loss_scale": 1024, "min_loss_scale": 0.5}})[0]
-    assert (cfg.loss_scaler.dynamic, cfg.loss_scaler.initial_scale, cfg.loss_scaler.min_scale) == (False, 1024.0, 0.5)
+    assert (cfg.optim.loss_scaler.dynamic, cfg.optim.loss_scaler.initial_scale, cfg.optim.loss_scaler.min_scale) == (False, 1024.0, 0.5)
     cfg = _read(tmp_path, {"fp16": {"enabled": True, "initial_scale_power": 32, "consecutive_hysteresis": True}})[0]
-    assert cfg.loss_scaler == LossScalerConfig(initial_scale_power=32, window=1000, hysteresis=2,
+    assert cfg.optim.loss_scaler == LossScalerConfig(initial_scale_power=32, window=1000, hysteresis=2,
                                                consecutive_hysteresis=True)
 
 

@@ -69,8 +69,8 @@ def test_each_training_run_is_a_valid_2_rank_torchrun_of_ringzero_train(tmp_path
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     job = train_cmd.check(cli.build_parser("train").parse_args(argv[8:]), torchrun=True)
-    assert job.world == 2 and job.cfg.steps == 30
-    assert (job.cfg.strategy, job.cfg.tp, job.cfg.pp) == layout
+    assert job.world == 2 and job.cfg.training.steps == 30
+    assert (job.cfg.parallel.strategy, job.cfg.parallel.tp, job.cfg.parallel.pp) == layout
     assert "--json-report" in argv and argv[argv.index("--json-report") + 1] == report
     assert not os.path.exists(report)
 

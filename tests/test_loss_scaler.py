@@ -33,7 +33,7 @@ def test_loss_scaler_window_hysteresis_floor_and_static():
     assert _scales(c, "x.x.xx") == [256, 256, 256, 256, 256, 128]   # only overflows in a row count
     static = LossScaler.from_config(LossScalerConfig(loss_scale=128.0, window=1))
     assert _scales(static, "x...x") == [128] * 5 and static.skipped == 2
-    default = LossScaler.from_config(TrainConfig().loss_scaler)        # ringzero's own: halve at once
+    default = LossScaler.from_config(TrainConfig().optim.loss_scaler)        # ringzero's own: halve at once
     assert (default.scale, default.window, _scales(default, "x")) == (2.0**16, 200, [2.0**15])
 
 

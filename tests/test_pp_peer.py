@@ -19,17 +19,17 @@ RTOL = 1e-5
 
 
 def _reference(group, cfg: TrainConfig) -> list[float]:
-    data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
-    torch.manual_seed(cfg.seed)
-    model = GPT(cfg.shape, attention=cfg.attention)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
+    data = ByteData(load_bytes(cfg.training.data, cfg.training.max_bytes), cfg.shape.seq, seed=cfg.training.seed)
+    torch.manual_seed(cfg.training.seed)
+    model = GPT(cfg.shape, attention=cfg.model.attention)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
+                            weight_decay=cfg.optim.weight_decay)
     losses = []
-    for i in range(cfg.steps):
-        x, y = data.batch("train", i, cfg.micro_batch * cfg.grad_accum)
+    for i in range(cfg.training.steps):
+        x, y = data.batch("train", i, cfg.training.micro_batch * cfg.training.grad_accum)
         loss = model(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         for g in opt.param_groups:
             g["lr"] = cfg.lr_at(i)
         opt.step()
@@ -45,6 +45,6 @@ def test_torch_pipeline_losses_equal_single_process(pool, schedule, v, accum):
     ref = pool.run(_reference, cfg, world=1)[0]
     out = pool.run(pp_peer.train, cfg, schedule, v, world=2)
     for rank, r in enumerate(out):
-        assert len(r["times"]) == cfg.steps and all(t > 0 for t in r["times"])
+        assert len(r["times"]) == cfg.training.steps and all(t > 0 for t in r["times"])
         assert all(abs(a - b) <= RTOL * abs(b) for a, b in zip(r["losses"], ref, strict=True)), \
             f"rank {rank}: {r['losses']} != {ref}"

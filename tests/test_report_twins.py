@@ -148,7 +148,7 @@ def test_meter_cross_node_bytes_equal_plan_beyond_powers_of_two(pool, world, rpn
 @pytest.mark.parametrize("strategy", ["dp", "zero2"])
 def test_cross_node_twins_appear_with_auto(pool, strategy):
     cfg = TrainConfig(strategy=strategy, ranks_per_node=2, steps=2, **BASE)
-    assert cfg.comm_algorithm == "auto"
+    assert cfg.parallel.comm_algorithm == "auto"
     results = pool.run(_measure, cfg, world=4)
     rows = {t.name: t for t in report_zero.link_twins(cfg, 4, results)}
     assert set(rows) == {"cross-node bytes sent per step", "intra-node bytes sent per step"}

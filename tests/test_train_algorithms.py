@@ -45,13 +45,13 @@ def test_every_algorithm_trains_and_is_predicted(pool, algorithm):
         results = [rank_results[i] for rank_results in per_rank]
         rows = {t.name: t for t in report.twins(cfg, 2, results)}
         sent = rows["bytes sent per step"]
-        assert sent.predicted > 0, (cfg.strategy, algorithm)
+        assert sent.predicted > 0, (cfg.parallel.strategy, algorithm)
         if algorithm == "torch":        # the meter cannot see inside the backend's own collectives
             assert sent.measured is None and sent.error is None
         else:
             for r in results:
                 assert predict.traffic(cfg, 2, r.buckets, r.rank)["bytes_sent"] == sum(
-                    op["bytes_sent"] for op in r.traffic["ops"].values()), (cfg.strategy, algorithm)
+                    op["bytes_sent"] for op in r.traffic["ops"].values()), (cfg.parallel.strategy, algorithm)
         for comm in (rows["exposed communication per step"].predicted,
                      predict.comm_seconds(cfg, 2, results[0].buckets)):      # the α-β-γ model's
-            assert math.isfinite(comm) and comm > 0, (cfg.strategy, algorithm)
+            assert math.isfinite(comm) and comm > 0, (cfg.parallel.strategy, algorithm)

@@ -93,14 +93,14 @@ def test_deepspeed_config_maps_to_train_config(tmp_path):
 def test_deepspeed_zero_stage(tmp_path, stage, strategy):
     cfg = from_deepspeed(_ds(tmp_path, {"zero_optimization": {"stage": stage}, "fp16": {"enabled": True},
                                         "gradient_clipping": 0.0}), world=4)
-    assert (cfg.strategy, cfg.precision, cfg.clip) == (strategy, "fp16", None)
+    assert (cfg.parallel.strategy, cfg.optim.precision, cfg.optim.clip) == (strategy, "fp16", None)
 
 
 def test_command_line_flags_win_over_the_config(tmp_path):
     path = _ds(tmp_path, {"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 3}})
     args = cli.build_parser("train").parse_args(["train", "--config", path, "--strategy", "zero1", "--steps", "7"])
     cfg = train_cmd.config_from(args, world=2)
-    assert (cfg.micro_batch, cfg.strategy, cfg.steps) == (4, "zero1", 7)
+    assert (cfg.training.micro_batch, cfg.parallel.strategy, cfg.training.steps) == (4, "zero1", 7)
 
 
 # -- one real run ----------------------------------------------------------------------------------

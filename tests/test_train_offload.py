@@ -50,7 +50,8 @@ def test_offloaded_optimizer_trains_bit_for_bit(pool, tmp_path, strategy):
      ("/proc", "not writable")),
     (["--nproc", "2", "--strategy", "zero3", "--offload-params", "nvme", "--nvme-path", "/tmp",
       "--offload-buffers", "1"], ("offload_buffers", ">= 2")),
-    (["--nproc", "4", "--strategy", "zero3", "--offload-params", "cpu", "--zeropp", "qwz"], ("zeropp",)),
+    (["--nproc", "2", "--strategy", "zero2", "--prefetch", "2"], ("prefetch", "zero3")),
+    (["--nproc", "2", "--strategy", "zero3", "--prefetch", "-1"], ("prefetch", ">= 0")),
 ])
 def test_bad_offload_input_is_one_line(capsys, tmp_path, argv, words):
     train_fails(capsys, tmp_path, argv, *words)
@@ -70,7 +71,7 @@ def test_deepspeed_offload_keys(tmp_path):
                                           "pin_memory": False},
         "offload_param": {"device": "cpu"}}}))
     cfg = from_deepspeed(str(path), 2)
-    assert (cfg.offload_optimizer, cfg.offload_params, cfg.nvme_path, cfg.offload_buffers, cfg.offload_pin_memory) \
+    assert (cfg.zero.offload_optimizer, cfg.zero.offload_params, cfg.zero.nvme_path, cfg.zero.offload_buffers, cfg.zero.offload_pin_memory) \
         == ("nvme", "cpu", str(tmp_path), 6, False)
     path.write_text(json.dumps({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}))
     with pytest.raises(ValueError, match="offload_param.device"):

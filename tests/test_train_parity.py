@@ -52,7 +52,7 @@ RUNS = ((2, 1, 1.0), (2, 2, 0.3))
 
 
 def _train(group, cfg: TrainConfig):
-    """This rank's losses and full parameters (gathered under ZeRO-3) after `cfg.steps` steps."""
+    """This rank's losses and full parameters (gathered under ZeRO-3) after `cfg.training.steps` steps."""
     r = train_rank(cfg, keep_params=True, group=group, calibrate=False)
     return r.losses, {n: torch.tensor(v) for n, v in r.params.items()}
 
@@ -102,9 +102,9 @@ def test_clipping_is_active():
     """The first step's global gradient norm (every later step's is of the same order) is far above
     the clip threshold, so the parity runs exercise clipping."""
     cfg = TrainConfig(strategy="single", micro_batch=8, **BASE)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.training.seed)
     model = GPT(cfg.shape)
-    data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
+    data = ByteData(load_bytes(cfg.training.data, cfg.training.max_bytes), cfg.shape.seq, seed=cfg.training.seed)
     x, y = data.batch("train", 0, cfg.global_batch(1))
     model(x, y).backward()
     norm = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm()

@@ -103,9 +103,9 @@ def test_3d_parallelism_equals_one_rank_and_every_twin_is_exact(pool):
     for kw, world in THREE_D:
         cfg = TrainConfig(**{**BASE, **kw})
         dp = cfg.placement(world).dp
-        ref = pool.run(_run, dict(grad_accum=cfg.grad_accum * dp), world=1)[0]
+        ref = pool.run(_run, dict(grad_accum=cfg.training.grad_accum * dp), world=1)[0]
         flat = {k: v for k, v in kw.items() if k not in ("pp", "schedule", "virtual_stages")}
-        same_grid = pool.run(_run, flat, world=world // cfg.pp)[0]
+        same_grid = pool.run(_run, flat, world=world // cfg.parallel.pp)[0]
         out = pool.run(_run, kw, world=world)
         _compare(kw, out, ref, bad, val=dp == 1, params_ref=same_grid)
         results = [r for *_, r in out]
@@ -129,8 +129,8 @@ def test_3d_parallelism_equals_one_rank_and_every_twin_is_exact(pool):
         if rows["pipeline bytes sent per step (busiest stage)"].error != 0:
             bad.append(f"{kw}: {rows['pipeline bytes sent per step (busiest stage)']}")
         boundary = rows["pipeline bytes per stage boundary"]
-        if boundary.measured != boundary.predicted or boundary.predicted != 2 * cfg.grad_accum * cfg.micro_batch * \
-                cfg.shape.seq * cfg.shape.hidden * 4 // cfg.tp:
+        if boundary.measured != boundary.predicted or boundary.predicted != 2 * cfg.training.grad_accum * cfg.training.micro_batch * \
+                cfg.shape.seq * cfg.shape.hidden * 4 // cfg.parallel.tp:
             bad.append(f"{kw}: boundary bytes measured {boundary.measured}, planner {boundary.predicted}")
     assert not bad, "\n".join(bad)
 

@@ -93,10 +93,10 @@ def _two_ranks(pool):
 def test_every_rank_probes_at_every_point_and_every_collective(pool):
     for cfg, results in _two_ranks(pool).items():
         keys = {probe_rates.call_key(c, n, size) for c, n, size, _ in predict.calls(cfg, 2, results[0].buckets)}
-        if cfg.precision == "fp16":
+        if cfg.optim.precision == "fp16":
             assert any(k.endswith("x2") for k in keys)    # 16-bit buckets are probed in 16 bits
         for r in results:
-            assert [p["step"] for p in r.probes] == probe.probe_steps(cfg.steps)
+            assert [p["step"] for p in r.probes] == probe.probe_steps(cfg.training.steps)
             assert [p["at_s"] for p in r.probes] == sorted(p["at_s"] for p in r.probes)
             for p in r.probes:
                 assert set(p["comm"]) == keys and all(s > 0 for s in p["comm"].values())
@@ -116,7 +116,7 @@ def test_json_report_has_probe_spread_and_error_definition(pool):
         assert "not spent in forward, backward or the optimizer" in d["error_definition"]
         assert d["communication_model"] == "in-run probe" and d["alpha_beta_gamma_comm_s"] > 0
         probes = d["probes"]
-        assert len(probes["points"]) == len(probe.probe_steps(cfg.steps))
+        assert len(probes["points"]) == len(probe.probe_steps(cfg.training.steps))
         for k in ("flops", "optimizer_s_per_param", "compute", "comm", "optimizer", "step"):
             s = probes["spread"][k]
             assert s["min"] <= s["median"] <= s["max"] and s["spread"] >= 0, k
@@ -132,11 +132,11 @@ def test_json_report_has_probe_spread_and_error_definition(pool):
         seconds = {"in_compute": 0.0, "comm": 0.0}
         for c, n, size, t in predict.calls(cfg, 2, busiest.buckets):
             # ZeRO-3's all-gathers are waited for inside forward and backward: compute
-            seconds["in_compute" if cfg.strategy == "zero3" and c == "all_gather" else "comm"] += (
+            seconds["in_compute" if cfg.parallel.strategy == "zero3" and c == "all_gather" else "comm"] += (
                 t * busiest.probe["comm"][probe_rates.call_key(c, n, size)])
         assert step["comm"] == pytest.approx(seconds["comm"]) and step["comm"] > 0
         assert step["in_compute"] == pytest.approx(seconds["in_compute"])
-        assert (step["in_compute"] > 0) == (cfg.strategy == "zero3")
+        assert (step["in_compute"] > 0) == (cfg.parallel.strategy == "zero3")
         assert step["compute"] == pytest.approx(step["arithmetic"] + step["in_compute"])
         text = report.caption(probes)
         assert "+ means the measurement is above the prediction" in text and "probe points" in text
@@ -173,7 +173,7 @@ def test_tensor_parallel_layers_and_a_straggler_are_probed_as_the_step_runs_them
     alone = {k: v for k, v in rates.items() if k != "tp_layer_comm_s"}
     without = predict_step.comm_seconds(cfg, 2, buckets, alone, results[1].sp_elements, 1)
     from ringzero.plan.strategies.tensor_parallel import layer_collectives
-    bsh = cfg.micro_batch * cfg.shape.seq * cfg.shape.hidden
+    bsh = cfg.training.micro_batch * cfg.shape.seq * cfg.shape.hidden
     layer = sum(k * rates["comm"][probe_rates.call_key(c, bsh, 4, "tp")] for _, c, k in layer_collectives(True))
     ratio = max(0.0, rates["tp_layer_comm_s"]) / layer
     assert predict_step.tp_in_step_ratio(cfg, rates) == pytest.approx(ratio)

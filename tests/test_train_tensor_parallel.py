@@ -56,12 +56,12 @@ def test_tensor_parallel_training_equals_data_parallel_and_its_twins(pool):
     for kw, world in CASES:
         cfg = TrainConfig(**{**BASE, **kw})
         out = pool.run(_run, kw, world=world)
-        if cfg.sequence_parallel:      # the dp ranks' shares of the LayerNorm and bias gradients add up
+        if cfg.parallel.sequence_parallel:      # the dp ranks' shares of the LayerNorm and bias gradients add up
             pl = cfg.placement(world)
             owned = sum(r[-1] for r in out if pl.coords(r[0])["tp"] == 0)
             if owned != tensor_parallel.partial_grad_params(cfg.shape):
                 bad.append(f"{kw}: sequence-parallel gradients owned {owned}")
-        _, ref_losses, ref_params, *_ = refs[world // cfg.tp]
+        _, ref_losses, ref_params, *_ = refs[world // cfg.parallel.tp]
         for rank, losses, params, sent, buckets, held, sp_elements in out:
             if not all(_close(a, b) for a, b in zip(losses, ref_losses)):
                 bad.append(f"{kw} rank {rank}: losses {losses} != {ref_losses}")
@@ -72,12 +72,12 @@ def test_tensor_parallel_training_equals_data_parallel_and_its_twins(pool):
             twin = predict.traffic(cfg, world, buckets, rank, sp_elements)["bytes_sent"]
             if sent != twin:
                 bad.append(f"{kw} rank {rank}: bytes sent {sent} != planner {twin}")
-            if sum(n for n, _ in buckets) != tensor_parallel.local_params(cfg.shape, cfg.tp):
+            if sum(n for n, _ in buckets) != tensor_parallel.local_params(cfg.shape, cfg.parallel.tp):
                 bad.append(f"{kw} rank {rank}: {sum(n for n, _ in buckets)} parameters in the buckets")
             dp = cfg.placement(world).dp
             for state, value in predict.states(cfg, world).items():   # exact, up to the ZeRO padding
                 diff, pad = held[state] - value, len(buckets) * dp * (8 if state == "optimizer" else 4)
-                if not (0 <= diff < pad) or (cfg.strategy == "dp" and diff):
+                if not (0 <= diff < pad) or (cfg.parallel.strategy == "dp" and diff):
                     bad.append(f"{kw} rank {rank}: {state} held {held[state]} vs planner {value:.0f}")
     assert not bad, "\n".join(bad)
 
@@ -130,4 +130,4 @@ def test_deepspeed_autotp_size_sets_tp(tmp_path):
     path.write_text(json.dumps({"tensor_parallel": {"autotp_size": 2}, "train_micro_batch_size_per_gpu": 2,
                                 "train_batch_size": 4}))
     cfg = from_deepspeed(str(path), world=4)
-    assert cfg.tp == 2 and cfg.placement(4).dp == 2      # 2 x 2 sequences: the batch is per dp rank
+    assert cfg.parallel.tp == 2 and cfg.placement(4).dp == 2      # 2 x 2 sequences: the batch is per dp rank

@@ -70,8 +70,8 @@ def test_deepspeed_booleans_and_steps_per_print(tmp_path):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"fp16": {"enabled": False}, "bf16": {"enabled": True}, "steps_per_print": 7}))
     cfg = from_deepspeed(str(path), world=2)
-    assert (cfg.precision, cfg.log_every) == ("bf16", 7)
-    assert TrainConfig().log_every is None
+    assert (cfg.optim.precision, cfg.training.log_every) == ("bf16", 7)
+    assert TrainConfig().training.log_every is None
 
 
 def test_deepspeed_nan_and_duplicate_keys_are_refused(tmp_path):

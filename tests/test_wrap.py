@@ -1,11 +1,14 @@
-"""`ringzero.parallel.wrap`: your own model under DP, ZeRO-1/2/3 (and tensor parallelism by a plan)
-in one call.
+"""`ringzero.parallel.wrap`: your own model under DP, ZeRO-1/2/3 (and tensor parallelism by a plan),
+or cut into pipeline stages, in one call.
 
 - every strategy trains a 3-layer MLP exactly as one process with torch's AdamW and clipping does
   on all ranks' batches (losses and final weights to 1e-5 relative, fp32);
-- its twins: bytes on the wire per step exact, bytes held within the buckets' padding;
+- so does a pipeline of it (cut at names or into a number of stages, GPipe and 1F1B, alone and
+  under ZeRO-1 over 2 replicas): the last stage's losses, every step's gradient norm, the weights;
+- its twins: bytes on the wire per step exact (a pipeline's messages too), bytes held within the
+  buckets' padding, a pipeline's micro-batches held at its peak exact;
 - `state_dict` / `load_state_dict` resume bit for bit;
-- misuse is one clear error; the documented example runs, locally and under torchrun.
+- misuse is one clear error; the documented examples run, locally and under torchrun.
 """
 
 from __future__ import annotations
@@ -122,6 +125,80 @@ def test_state_dict_resumes_bit_for_bit(pool):
         assert all(torch.equal(weights[k], w2[k]) for k in weights)
 
 
+MICRO = 4
+
+
+def _pipelined(group, schedule: str, split, strategy: str):
+    """This stage's per-step results, its weights by name and its twins."""
+    from ringzero.parallel import AdamConfig, wrap
+    engine = wrap(_mlp(), strategy=strategy, optimizer=AdamConfig(lr=LR, clip=CLIP), group=group,
+                  bucket_mb=0.001, pp_split=split, schedule=schedule, microbatches=MICRO, loss_fn=_loss_y)
+    steps = []
+    for step in range(STEPS):
+        x = _pipeline_batch(engine.topology.dp_rank, step)
+        steps.append(engine.step(x, target=x.sum(dim=1, keepdim=True)))
+    twins = [(t.name, t.predicted, t.measured) for t in engine.twins()]
+    weights = {k: v.clone() for k, v in engine.state_dict()["model"].items()}
+    engine.close()
+    return steps, weights, twins, engine.topology.pp_rank
+
+
+def _pipeline_batch(dp_rank: int, step: int) -> torch.Tensor:
+    return torch.randn(MICRO * BATCH, 8, generator=torch.Generator().manual_seed(500 + 10 * dp_rank + step))
+
+
+def _loss_y(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (out - y).pow(2).mean()
+
+
+def _pipeline_reference(dp: int):
+    """One process on every replica's micro-batches: losses per replica, the clipped gradient's norm
+    per step (torch's `clip_grad_norm_`), the final weights."""
+    model = _mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    losses, norms = {r: [] for r in range(dp)}, []
+    for step in range(STEPS):
+        opt.zero_grad()
+        for r in range(dp):
+            for x in _pipeline_batch(r, step).chunk(MICRO):
+                loss = _loss_y(model(x), x.sum(dim=1, keepdim=True))
+                (loss / (dp * MICRO)).backward()
+                losses[r].append(loss.item())
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
+        opt.step()
+    return losses, norms, {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule, split, strategy, world", [
+    ("gpipe", ["2"], "dp", 2), ("1f1b", ["2"], "dp", 2), ("1f1b", 2, "dp", 2), ("1f1b", ["2"], "zero1", 4)])
+def test_a_pipeline_trains_as_one_process_and_its_twins_hold(pool, schedule, split, strategy, world):
+    """2 stages (cut before child "2"; the int split balances the parameters to the same cut), alone
+    on 2 ranks or under ZeRO-1 over 2 replicas on 4 (rank = stage x dp + dp rank)."""
+    dp = world // 2
+    ref_losses, ref_norms, ref_weights = _pipeline_reference(dp)
+    out = pool.run(_pipelined, schedule, split, strategy, world=world)
+    seen = set()
+    for rank, (steps, weights, twins, stage) in enumerate(out):
+        assert stage == rank // dp
+        losses = [l for s in steps for l in s["losses"]]
+        assert _close(losses, ref_losses[rank % dp] if stage == 1 else []), (rank, losses)
+        assert _close([s["grad_norm"] for s in steps], ref_norms)              # the gradients, whole
+        for name, w in weights.items():
+            assert _close(w, ref_weights[name]), name
+        seen |= set(weights)
+        by = {name: (p, m) for name, p, m in twins}
+        for row in ("bytes sent per step", "bytes recv per step", "pipeline bytes sent per step",
+                    "pipeline bytes recv per step", "micro-batches held at peak"):
+            assert by[row][0] == by[row][1] > 0, (row, by[row])
+        assert by["pipeline bytes sent per step"][0] == MICRO * BATCH * 32 * 4        # (b, 32) fp32 each way
+        assert by["micro-batches held at peak"][0] == (MICRO if schedule == "gpipe" else 2 - stage)
+        for held in ("params held", "grads held", "optimizer held"):
+            predicted, measured = by[held]
+            assert 0 <= measured - predicted < 3 * 2 * 4 * 8, (held, predicted, measured)
+    assert seen == set(ref_weights)
+
+
 def _misuse(group, case: str):
     from ringzero.parallel import AdamConfig, wrap
     x = torch.randn(2, 8)
@@ -130,6 +207,12 @@ def _misuse(group, case: str):
             wrap(_mlp(), optimizer=torch.optim.Adam(_mlp().parameters()), group=group)
         elif case == "tp":
             wrap(_mlp(), optimizer=AdamConfig(), group=group, tp=2)
+        elif case.startswith("pp"):
+            split, strategy = {"pp-name": (["9"], "dp"), "pp-ranks": (3, "dp"), "pp-zero2": (["2"], "zero2"),
+                               "pp-backward": (["2"], "dp")}[case]
+            engine = wrap(_mlp(), strategy=strategy, optimizer=AdamConfig(), group=group, pp_split=split,
+                          microbatches=2, loss_fn=_loss_y)
+            engine.backward(_loss(x, x))
         else:
             engine = wrap(_mlp(), strategy="zero2", optimizer=AdamConfig(), group=group)
             if case == "step":
@@ -148,34 +231,42 @@ def _misuse(group, case: str):
     ("tp", "ValueError", "tp > 1 and tp_plan go together"),
     ("step", "RuntimeError", "step() after 0 of the 1 backward() calls"),
     ("twice", "RuntimeError", "backward() called 2 times without step()"),
+    ("pp-name", "ValueError", "no child named '9'; children: 0, 1, 2, 3, 4"),
+    ("pp-ranks", "ValueError", "pp_split makes 3 stages, which do not divide the 2 ranks"),
+    ("pp-zero2", "ValueError", "ringzero takes dp or zero1 with pp_split"),
+    ("pp-backward", "RuntimeError", "a pipeline computes its loss on the last stage: call step(x, target=y)"),
 ])
 def test_misuse_is_one_clear_error(pool, case, kind, words):
     for got in pool.run(_misuse, case, world=2):
         assert got is not None and got[0] == kind and words in got[1] and "\n" not in got[1], got
 
 
-EXAMPLE = ROOT / "examples" / "zero2_mlp.py"
+EXAMPLES = [ROOT / "examples" / "zero2_mlp.py", ROOT / "examples" / "pp_mlp.py"]
 
 
-def test_the_docs_show_the_example_as_it_is():
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_the_docs_show_the_example_as_it_is(example):
     page = (ROOT / "docs" / "library.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", page, re.S)
-    assert EXAMPLE.read_text() in blocks
+    assert example.read_text() in blocks
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 @pytest.mark.parametrize("launcher", ["ringzero.launch", "torchrun"])
-def test_the_example_trains_locally_and_under_torchrun(launcher):
-    cmd = [sys.executable, str(EXAMPLE)] if launcher == "ringzero.launch" else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)]
+def test_the_example_trains_locally_and_under_torchrun(launcher, example):
+    cmd = [sys.executable, str(example)] if launcher == "ringzero.launch" else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(example)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=170, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [l for l in done.stdout.splitlines() if l.startswith("rank ")]
     assert len(lines) == 2, done.stdout
-    for line in lines:
+    learned = [l for l in lines if " at the first step" in l]
+    assert len(learned) == (1 if example.name == "pp_mlp.py" else 2), lines     # a pipeline: its last stage
+    for line in learned:
         first, last = map(float, re.findall(r"([\d.]+) at the", line))
         assert last < 0.1 * first, line                                    # it learned
-    assert done.stdout.count("bytes sent per step: planner") == 2
+    assert len(re.findall(r"^  bytes sent per step: planner", done.stdout, re.M)) == 2
     for planner, measured in re.findall(r"bytes \w+ per step: planner ([\d,]+) B, measured ([\d,]+) B", done.stdout):
         assert planner == measured

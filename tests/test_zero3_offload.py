@@ -17,7 +17,7 @@ from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.plan.strategies.sharding import ZERO3
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.topology import Topology
-from ringzero.parallel.offload.zero3 import Staging
+from ringzero.parallel.offload.shards import Staging
 from ringzero.plan.strategies import offload as plan
 from ringzero.plan.strategies.offload import OffloadDevice, param_record_bytes
 from ringzero.run.config import TrainConfig
@@ -84,8 +84,8 @@ def test_bytes_by_location_and_disk_bytes_per_step_are_the_planners(pool, swap_d
     for res, want in zip(_run(pool, cfg), plain):
         shards = _shards(res)
         sizes = [n for n, _ in shards]
-        assert res["offload"]["params"] == plan.param_placement(device, sizes, wb, cfg.offload_buffers).as_dict()
-        assert res["offload"]["disk_io"]["params"] == plan.param_io_per_step(device, shards, wb, cfg.grad_accum)
+        assert res["offload"]["params"] == plan.param_placement(device, sizes, wb, cfg.zero.offload_buffers).as_dict()
+        assert res["offload"]["disk_io"]["params"] == plan.param_io_per_step(device, shards, wb, cfg.training.grad_accum)
         # Between steps every shard is in the store: plain ZeRO-3's device shards are gone.
         assert res["held"]["params"] == 0 and want["held"]["params"] == sum(sizes) * wb
         assert res["held"]["grads"] == want["held"]["grads"]
@@ -132,10 +132,11 @@ def test_reads_start_a_layer_ahead_and_staging_holds_weights_only_around_the_upd
     sh = apply_sharding(model, Topology.alone(), ShardingConfig(sharding=ZERO3, offload_params=offload))
     opt = ShardedAdam(sh.owned_weights(), AdamConfig(lr=1e-3))
     shard_bytes = sum(w.numel() * w.element_size() for w in sh.owned_weights())
-    loads, load = [], sh.store.load
-    sh.store.load = lambda i, out=None: (loads.append((i, i in sh.store.pending)), load(i, out))[1]
+    store = sh.shards.store
+    loads, load = [], store.load
+    store.load = lambda i, out=None: (loads.append((i, i in store.pending)), load(i, out))[1]
     try:
-        assert sh.staging is Staging.BUILT and sh.held_bytes()["params"] == shard_bytes
+        assert sh.shards.staging is Staging.BUILT and sh.held_bytes()["params"] == shard_bytes
         x = torch.randint(0, cfg.shape.vocab, (2, cfg.shape.seq))
         model(x, x).backward()
         sh.finish_backward()
@@ -143,15 +144,15 @@ def test_reads_start_a_layer_ahead_and_staging_holds_weights_only_around_the_upd
         assert sh.groups[root].root
         order = list(range(root))
         assert loads == [(root, False)] + [(i, True) for i in order + order[::-1]]
-        assert sh.staging is Staging.RELEASED and sh.held_bytes()["params"] == 0
+        assert sh.shards.staging is Staging.RELEASED and sh.held_bytes()["params"] == 0
         loads.clear()
         sh.before_step()
         assert loads == [(0, False)] + [(i, True) for i in range(1, len(sh.groups))]
-        assert sh.staging is Staging.LOADED and sh.held_bytes()["params"] == shard_bytes
+        assert sh.shards.staging is Staging.LOADED and sh.held_bytes()["params"] == shard_bytes
         opt.step(sh.reduced_grads(), divisor=1.0)
         sh.after_step()
-        assert sh.staging is Staging.RELEASED and sh.held_bytes()["params"] == 0
-        assert not sh.store.pending and not sh._loading
+        assert sh.shards.staging is Staging.RELEASED and sh.held_bytes()["params"] == 0
+        assert not store.pending and not sh.shards.loading
     finally:
         sh.close()
     assert os.listdir(tmp_path) == []

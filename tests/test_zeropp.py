@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from ringzero.plan.strategies import zeropp
 from ringzero.plan.strategies.quantization import max_error
 from ringzero.twin import predict
 from ringzero.twin import links as predict_links
+from ringzero.twin.offload import predict_offload
 from ringzero.run.config import TrainConfig
 from ringzero.run.deepspeed.reader import from_deepspeed
 from ringzero.train.rank import train_rank
@@ -97,6 +99,34 @@ def test_cross_node_bytes_against_zero3(pool):
     assert 0 < cross(pp) <= 0.27 * cross(plain), (cross(pp), cross(plain))
 
 
+@pytest.fixture(scope="module")
+def swap_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("swap"))
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("options, device", [(ALL, "nvme"), (("qwz",), "cpu")])
+def test_with_parameter_offload_it_trains_as_without_and_its_twins_are_exact(pool, swap_dir, options, device):
+    """The weight shards in host memory or a swap file change where they wait, not a value or a
+    byte on the wire; hpZ's backward gathers read its device copy, so a layer is read from disk once
+    per micro-batch (`plan.strategies.offload.param_io_per_step`)."""
+    _, ref = _run(pool, steps=2, zeropp=options)
+    cfg, got = _run(pool, steps=2, zeropp=options, offload_params=device,
+                    nvme_path=swap_dir if device == "nvme" else None)
+    z = zeropp.ZeroPP(**{o: True for o in options}, partition=2)
+    for r, want in zip(got, ref):
+        assert r.losses == want.losses and r.val == want.val
+        ops = r.traffic["ops"].values()
+        assert predict.traffic(cfg, 4, r.buckets, r.rank) == {k: sum(op[k] for op in ops) for k in ("bytes_sent", "bytes_recv")}
+        assert {k: r.held[k] for k in ("params", "grads", "optimizer")} == predict.states(cfg, 4, r.rank)
+        assert r.held["params"] == 0 and want.held["params"] > 0          # between steps: all in the store
+        assert r.held["secondary"] == zeropp.secondary_bytes(z, r.buckets, 4, 4)
+        assert predict_offload(cfg, 4, r.buckets) == r.offload
+        if device == "nvme":
+            assert r.offload["disk_io"]["params"]["read"] > 0
+    assert os.listdir(swap_dir) == []
+
+
 def _quantized_sum(group, grads, bits):
     """Each rank's reduce_quantized shard of the summed `grads` (one (n,) tensor per rank)."""
     import torch.distributed as dist
@@ -115,7 +145,7 @@ def _quantized_sum(group, grads, bits):
         cfg = ShardingConfig(sharding=ZERO3, algorithm="ring", zeropp=zeropp.ZeroPP(qgz=True, partition=2, grad_bits=bits))
         st = apply_sharding(model, topo, cfg)
         try:
-            return st.reduce_quantized(grads[rank])
+            return st.policies.reduce.reduce_quantized(grads[rank])
         finally:
             st.close()
 
@@ -175,7 +205,7 @@ def test_deepspeed_zeropp_keys(tmp_path):
     path.write_text(json.dumps({"zero_optimization": {
         "stage": 3, "zero_quantized_weights": True, "zero_hpz_partition_size": 2, "zero_quantized_gradients": True}}))
     cfg = from_deepspeed(str(path), 4)
-    assert (cfg.strategy, cfg.zeropp, cfg.hpz_partition) == ("zero3", ("qwz", "qgz", "hpz"), 2)
+    assert (cfg.parallel.strategy, cfg.zero.zeropp, cfg.zero.hpz_partition) == ("zero3", ("qwz", "qgz", "hpz"), 2)
     path.write_text(json.dumps({"zero_optimization": {"stage": 2, "zero_quantized_weights": True}}))
     with pytest.raises(ValueError, match="ZeRO-3"):
         from_deepspeed(str(path), 4)

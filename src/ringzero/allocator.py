@@ -6,7 +6,10 @@ threshold (128 KiB, raised dynamically to at most 32 MiB) with a fresh `mmap` an
 allocates and frees the same activation-sized tensors every iteration, so every step page-faults
 them in again and the kernel zeroes each 4 KiB page: on the 2-core development machine this was
 42 % of the CPU time of a recomputation benchmark step (sys 23.8 s of 56 s), and the step took
-2.2x as long as with the setting below (483 ms against 222 ms, GPT 2 x 64, seq 512, batch 4).
+2.2x as long as with the setting below (483 ms against 222 ms, GPT 2 x 64, seq 512, batch 4:
+`RINGZERO_MALLOC=system /usr/bin/time -v ringzero bench train --nproc 2 --suites recompute
+--rc-layers 2 --rc-hidden 64 --rc-heads 4 --rc-seq 512 --rc-batch 4`, then without
+`RINGZERO_MALLOC=system`).
 
 `tune()` raises both thresholds to 1 GiB with `mallopt`, so freed blocks are reused: the same thing
 jemalloc/tcmalloc give, which PyTorch's CPU performance guide recommends, without a preload. Every

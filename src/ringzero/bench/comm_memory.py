@@ -9,7 +9,9 @@ int64 reference sums the expected result is computed in, the work copies and rec
 every algorithm run in turn, and the allocator's fragmentation between them. `CELL_FACTOR` is the
 most any rank's peak resident memory grew per byte of the cell's buffer, measured on the
 development machine over every collective with all its algorithms (64 MiB of float32 on 2 ranks:
-up to 25x, for all_reduce and broadcast), rounded up; a wider dtype needs fewer int64 bytes per buffer byte, so
+up to 25x, for all_reduce and broadcast: `ringzero bench comm --nproc 2 --collective all_reduce
+--sizes 64MiB`, and each other collective, with each rank's VmHWM in /proc/PID/status against its
+VmRSS before the cell), rounded up; a wider dtype needs fewer int64 bytes per buffer byte, so
 the factor overestimates float64 and int64 a little. The whole job: `ranks x (PROCESS_BYTES +
 CELL_FACTOR x largest size)`.
 """

@@ -7,7 +7,7 @@ chunk g lives on pipeline rank g % pp, as in ringzero and in `torch.distributed.
 Chunk 0 also runs the embedding (wte, wpe, dropout); the last chunk runs the final LayerNorm and the tied head, and the schedule's `loss_fn` (the GPT's own
 `CrossEntropy`) turns its logits into the loss. Each chunk becomes a `PipelineStage`, driven by
 `ScheduleGPipe`, `Schedule1F1B` or `ScheduleInterleaved1F1B` with one micro-batch of
-`cfg.micro_batch` sequences per `cfg.grad_accum`.
+`cfg.training.micro_batch` sequences per `cfg.training.grad_accum`.
 
 Tied embeddings as in Megatron-LM (Shoeybi et al. 2019; Narayanan et al. 2021): the first and the
 last pipeline rank each hold a copy of wte, equal at the start (same seed). After backward the two
@@ -15,7 +15,7 @@ ranks add their wte gradients, so both copies get the gradient of the tied weigh
 identical AdamW updates, stay equal. On one rank (pp = 1) the two chunks share the one parameter.
 
 The update is ringzero's: gradients of the mean loss over the step's micro-batches, clipped to
-`cfg.clip` by the global norm (squares summed over the pipeline ranks, the tied weight counted
+`cfg.optim.clip` by the global norm (squares summed over the pipeline ranks, the tied weight counted
 once), then `torch.optim.AdamW` with `cfg.lr_at(step)`, betas, eps and weight decay, in fp32. So a
 run's losses equal those of the plain GPT trained on the same batches, within fp32 rounding.
 """
@@ -65,9 +65,10 @@ class Chunk(nn.Module):
 
 def _check(cfg: TrainConfig, pp: int, schedule: str, virtual_stages: int) -> None:
     """ValueError for what this peer does not run (it is pipeline parallelism alone, in fp32)."""
-    pipeline.check(pp, cfg.shape.layers, cfg.grad_accum, schedule, virtual_stages)
-    other = [f"{k}={getattr(cfg, k)!r}" for k, ok in (("tp", cfg.tp == 1), ("dp", cfg.dp in (None, 1)),
-             ("precision", cfg.precision == "fp32"), ("recompute", cfg.recompute == "none")) if not ok]
+    pipeline.check(pp, cfg.shape.layers, cfg.training.grad_accum, schedule, virtual_stages)
+    flat = cfg.flat()
+    other = [f"{k}={flat[k]!r}" for k, ok in (("tp", cfg.parallel.tp == 1), ("dp", cfg.parallel.dp in (None, 1)),
+             ("precision", cfg.optim.precision == "fp32"), ("recompute", cfg.training.recompute == "none")) if not ok]
     if other:
         raise ValueError(f"the torch pipeline peer runs pp alone in fp32 without recomputation; "
                          f"got {', '.join(other)}")
@@ -85,9 +86,9 @@ class TorchPipeline:
         self.pp, self.rank = dist.get_world_size(group), dist.get_rank(group)
         _check(cfg, self.pp, schedule, virtual_stages)
         self.cfg, self.group = cfg, group
-        self.data = data or ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
-        torch.manual_seed(cfg.seed)
-        gpt = GPT(cfg.shape, attention=cfg.attention, dropout=cfg.dropout)
+        self.data = data or ByteData(load_bytes(cfg.training.data, cfg.training.max_bytes), cfg.shape.seq, seed=cfg.training.seed)
+        torch.manual_seed(cfg.training.seed)
+        gpt = GPT(cfg.shape, attention=cfg.model.attention, dropout=cfg.model.dropout)
         n = self.pp * virtual_stages
         cuts = pipeline_layout.chunk_layers(cfg.shape, n)
         mine = pipeline_layout.stage_chunks(self.rank, self.pp, virtual_stages)
@@ -96,27 +97,27 @@ class TorchPipeline:
         # Gradients are summed over the micro-batches and divided once here: torch's own scaling
         # divides per stage, twice for a weight two local stages share (wte when pp = 1).
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}[schedule]
-        self.schedule = kind(stages if schedule == "interleaved" else stages[0], cfg.grad_accum,
+        self.schedule = kind(stages if schedule == "interleaved" else stages[0], cfg.training.grad_accum,
                              loss_fn=gpt.loss, scale_grads=False)
         self.params = list({id(p): p for c in self.chunks for p in c.parameters()}.values())
         self.wte = gpt.wte.weight
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                     weight_decay=cfg.weight_decay)
+        self.opt = torch.optim.AdamW(self.params, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
+                                     weight_decay=cfg.optim.weight_decay)
         self.holds_first, self.holds_last = self.rank == 0, self.rank == self.pp - 1
 
     def step(self, i: int) -> float | None:
         c = self.cfg
-        x, y = self.data.batch("train", i, c.micro_batch * c.grad_accum)
+        x, y = self.data.batch("train", i, c.training.micro_batch * c.training.grad_accum)
         self.opt.zero_grad(set_to_none=True)
         losses: list = []
         args = (x,) if self.holds_first else ()
         kw = dict(target=y, losses=losses) if self.holds_last else {}
         self.schedule.step(*args, return_outputs=False, **kw)
         grads = [p.grad for p in self.params if p.grad is not None]
-        torch._foreach_div_(grads, c.grad_accum)                       # sum over micro-batches -> mean
+        torch._foreach_div_(grads, c.training.grad_accum)                       # sum over micro-batches -> mean
         self._tie()
-        if c.clip is not None:
-            self._clip(c.clip)
+        if c.optim.clip is not None:
+            self._clip(c.optim.clip)
         for g in self.opt.param_groups:
             g["lr"] = c.lr_at(i)
         self.opt.step()
@@ -155,7 +156,7 @@ class Variant:
     weights, gradients and AdamW's state held."""
 
     def __init__(self, cfg: TrainConfig, group, data: ByteData) -> None:
-        self.peer = TorchPipeline(cfg, group, cfg.schedule, cfg.virtual_stages, data)
+        self.peer = TorchPipeline(cfg, group, cfg.parallel.schedule, cfg.parallel.virtual_stages, data)
 
     def step(self, i: int, measure: bool = False) -> tuple[float | None, dict]:
         return self.peer.step(i), {}
@@ -172,13 +173,13 @@ class Variant:
 
 
 def train(group, cfg: TrainConfig, schedule: str, virtual_stages: int = 1) -> dict:
-    """Runs on every rank of `group` (pp = its size): `cfg.steps` steps of `TorchPipeline`, each
+    """Runs on every rank of `group` (pp = its size): `cfg.training.steps` steps of `TorchPipeline`, each
     timed by `time.perf_counter` after a barrier. Returns {"times": [s per step, this rank's],
     "losses": [mean loss over the step's micro-batches]}, the losses sent from the last rank so
     every rank returns them."""
     peer = TorchPipeline(cfg, group, schedule, virtual_stages)
     times, losses = [], []
-    for i in range(cfg.steps):
+    for i in range(cfg.training.steps):
         dist.barrier(group=group)
         t0 = time.perf_counter()
         loss = peer.step(i)

@@ -60,7 +60,7 @@ def check(args) -> list[tuple[str, TrainConfig]]:
     runs = []
     for name, kw in _modes(args):
         cfg = TrainConfig(**BASE, steps=args.steps, eval_every=args.eval_every, straggler=(1, args.straggler), **kw)
-        check_world(cfg, args.nproc + cfg.servers)
+        check_world(cfg, args.nproc + cfg.ps.servers)
         runs.append((name, cfg))
     if args.plot:
         outputs.plot_format(args.plot, "--plot")
@@ -77,7 +77,7 @@ def _rank(cfg: TrainConfig):
 def measure(name: str, cfg: TrainConfig, workers: int) -> dict:
     from ringzero import launch
     from ringzero.run.kind import RunKind
-    world = workers + (cfg.servers if cfg.kind is RunKind.PARAMETER_SERVER else 0)
+    world = workers + (cfg.ps.servers if cfg.kind is RunKind.PARAMETER_SERVER else 0)
     t0 = time.perf_counter()
     results = launch.run(_rank, world, args=(cfg,), backend="gloo")
     wall = time.perf_counter() - t0
@@ -87,10 +87,10 @@ def measure(name: str, cfg: TrainConfig, workers: int) -> dict:
     staleness = [s for r in servers for s in r.ps["staleness"]]
     grid = cfg.kind is RunKind.GRID                  # the all-reduce baseline
     ring = sum(op["bytes_sent"] for op in w0.traffic.get("ops", {}).values()) if grid else None
-    ingress = max((r.traffic["ops"]["ps/push"]["bytes_recv"] / cfg.steps for r in servers), default=None)
+    ingress = max((r.traffic["ops"]["ps/push"]["bytes_recv"] / cfg.training.steps for r in servers), default=None)
     return {"mode": name, "wall_s": wall, "val": [(s, v, t) for (s, v), t in zip(own, w0.val_at_s)],
             "final_val": own[-1][1], "updates": sum(r.ps["updates"] for r in servers) // max(1, len(servers))
-            if servers else cfg.steps, "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
+            if servers else cfg.training.steps, "staleness_mean": statistics.fmean(staleness) if staleness else 0.0,
             "staleness_max": max(staleness, default=0), "busiest_server_bytes": ingress, "ring_bytes": ring}
 
 
@@ -141,7 +141,7 @@ def run(args) -> int:
         runs = check(args)
     rows = [measure(name, cfg, args.nproc) for name, cfg in runs]
     target = args.target if args.target is not None else rows[0]["final_val"] * 1.02
-    servers = runs[1][1].servers
+    servers = runs[1][1].ps.servers
     render(rows, target, args.nproc, servers)
     if args.plot:
         plot(rows, args.plot, target)

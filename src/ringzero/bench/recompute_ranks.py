@@ -20,12 +20,12 @@ from ringzero.bench.train_job import Job, interleaved
 
 def recompute(job: Job) -> dict:
     shape, b = job.rc_shape, job.rc_batch
-    data = ByteData(load_bytes(job.cfg.data, job.cfg.max_bytes), shape.seq, seed=job.cfg.seed)
+    data = ByteData(load_bytes(job.cfg.training.data, job.cfg.training.max_bytes), shape.seq, seed=job.cfg.training.seed)
     variants = {}
     for mode in MODES:
-        torch.manual_seed(job.cfg.seed)
+        torch.manual_seed(job.cfg.training.seed)
         model = apply_recompute(GPT(shape), mode, (AttentionCore,))
-        variants[mode] = _Single(model, data, b, job.cfg.lr)
+        variants[mode] = _Single(model, data, b, job.cfg.optim.lr)
     # One rank measures while the others wait in a barrier: it gets every core, as a single
     # training process would.
     threads = torch.get_num_threads()

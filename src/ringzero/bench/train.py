@@ -23,8 +23,10 @@ a·s² tensors are large against the rest (a·s/h = 24, here 60 % of a block's f
 the attention core's FLOPs are small against the block's (s/6h = 4 %; GPT-3: a·s/h = 16, s/6h = 3 %).
 Recomputing the core costs memory traffic, not FLOPs (it writes the scores and reads and writes
 the softmax: ~3 s x s passes), so its share of the step falls as 1/h at a fixed a·s/h: +6 % at
-h = 768, +3 % at h = 1536 on this CPU. A narrow model with long sequences (h = 64, s = 512) has the
-memory but not the FLOP ratio: there the core is most of the compute and recomputing it costs +20 %.
+h = 768, +3 % at h = 1536 on this CPU (`ringzero bench train --nproc 2 --suites recompute
+--rc-hidden 768 --rc-heads 48`, and the defaults). A narrow model with long sequences (h = 64,
+s = 512) has the memory but not the FLOP ratio: there the core is most of the compute and
+recomputing it costs +20 % (`--rc-hidden 64 --rc-heads 4 --rc-seq 512`).
 """
 
 from __future__ import annotations
@@ -249,10 +251,10 @@ def benchmark(args) -> dict:
     ranks = measure(job, args.nproc, args.timeout)
     c = job.cfg
     result: dict = {"nproc": args.nproc, "settings": {
-        "model": dataclasses.asdict(c.shape), "micro_batch": c.micro_batch, "global_batch": c.global_batch(args.nproc),
-        "steps": c.steps, "skip": args.skip, "precision": c.precision, "ringzero_bucket_mb": c.bucket_mb,
-        "ddp_bucket_cap_mb": c.bucket_mb, "algorithm": c.comm_algorithm, "lr": c.lr, "betas": c.betas,
-        "clip": c.clip, "torch_optimizer": f"torch.optim.AdamW({args.torch_adam}=True)"}}
+        "model": dataclasses.asdict(c.shape), "micro_batch": c.training.micro_batch, "global_batch": c.global_batch(args.nproc),
+        "steps": c.training.steps, "skip": args.skip, "precision": c.optim.precision, "ringzero_bucket_mb": c.parallel.bucket_mb,
+        "ddp_bucket_cap_mb": c.parallel.bucket_mb, "algorithm": c.parallel.comm_algorithm, "lr": c.optim.lr, "betas": c.optim.betas,
+        "clip": c.optim.clip, "torch_optimizer": f"torch.optim.AdamW({args.torch_adam}=True)"}}
     if "dp" in job.suites:
         result["dp"] = summarize_pair(ranks, "dp", "rz_dp", "ddp", args.skip)
     if "zero3" in job.suites:
@@ -261,8 +263,9 @@ def benchmark(args) -> dict:
         result["tp"] = summarize_pair(ranks, "tp", "rz_tp", "torch_tp", args.skip)
     if job.pp_cfg is not None:
         p = job.pp_cfg
-        result["settings"]["pipeline"] = {"layers": p.shape.layers, "micro_batches": p.grad_accum,
-                                          "micro_batch": p.micro_batch, "virtual_stages": p.virtual_stages}
+        result["settings"]["pipeline"] = {"layers": p.shape.layers, "micro_batches": p.training.grad_accum,
+                                          "micro_batch": p.training.micro_batch,
+                                          "virtual_stages": p.parallel.virtual_stages}
         for s in PP_SCHEDULES:
             result[f"pp_{s}"] = summarize_pair(ranks, f"pp_{s}", f"rz_pp_{s}", f"torch_pp_{s}", args.skip,
                                                loss_rank=-1)

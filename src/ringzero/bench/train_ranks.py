@@ -72,7 +72,7 @@ def _sampling(fn):
 
 class _Ringzero:
     def __init__(self, cfg: TrainConfig, group) -> None:
-        topology = Topology.build(cfg.placement(dist.get_world_size(group)), group) if cfg.tp * cfg.pp > 1 \
+        topology = Topology.build(cfg.placement(dist.get_world_size(group)), group) if cfg.parallel.tp * cfg.parallel.pp > 1 \
             else Topology.data_parallel(group)
         self.trainer = Trainer(cfg, topology)
         self.res = RankResult(rank=dist.get_rank())
@@ -104,11 +104,11 @@ class _Ringzero:
 class _Torch:
     def __init__(self, kind: str, cfg: TrainConfig, group, data: ByteData, adam: str) -> None:
         self.kind, self.cfg, self.data, self.group = kind, cfg, data, group
-        torch.manual_seed(cfg.seed)
-        model = GPT(cfg.shape, attention=cfg.attention)
+        torch.manual_seed(cfg.training.seed)
+        model = GPT(cfg.shape, attention=cfg.model.attention)
         if kind == "ddp":
             from torch.nn.parallel import DistributedDataParallel
-            self.model = DistributedDataParallel(model, process_group=group, bucket_cap_mb=cfg.bucket_mb)
+            self.model = DistributedDataParallel(model, process_group=group, bucket_cap_mb=cfg.parallel.bucket_mb)
         elif kind == "torch_tp":
             self.model = tp_peer.parallelize(model, group)
         else:
@@ -123,7 +123,7 @@ class _Torch:
         # tensor parallelism the split weights and the replicated rest get an optimizer each.
         params = list(self.model.parameters())
         kinds = [[p for p in params if tp_peer.is_dtensor(p) == d] for d in (True, False)]
-        self.opts = [torch.optim.AdamW(ps, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        self.opts = [torch.optim.AdamW(ps, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay,
                                        **{adam: True}) for ps in kinds if ps]
         self.group = group
         self.dp, self.rank = (1, 0) if kind == "torch_tp" else (dist.get_world_size(group), dist.get_rank(group))
@@ -141,10 +141,10 @@ class _Torch:
             t2 = time.perf_counter()
         if measure:
             self.peak, self.held = peak[0], self._held()
-        if c.clip is not None and self.kind == "torch_tp":
-            tp_peer.clip_grad_norm(list(self.model.parameters()), c.clip, self.group)
-        elif c.clip is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip)
+        if c.optim.clip is not None and self.kind == "torch_tp":
+            tp_peer.clip_grad_norm(list(self.model.parameters()), c.optim.clip, self.group)
+        elif c.optim.clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.optim.clip)
         for opt in self.opts:
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -216,7 +216,7 @@ def _build(name: str, job: Job, group, data: ByteData):
 
 def _training(job: Job) -> dict:
     cfg = job.cfg
-    data = ByteData(load_bytes(cfg.data, cfg.max_bytes), cfg.shape.seq, seed=cfg.seed)
+    data = ByteData(load_bytes(cfg.training.data, cfg.training.max_bytes), cfg.shape.seq, seed=cfg.training.seed)
     out: dict = {}
     for suite in SUITES:
         if suite not in job.suites:
@@ -233,10 +233,10 @@ def _training(job: Job) -> dict:
                 v.close()
             out[suite] = {"errors": errors}
             continue
-        res = interleaved(variants, cfg.steps, dist.barrier)
+        res = interleaved(variants, cfg.training.steps, dist.barrier)
         for name, v in variants.items():   # the measuring step, after the timed ones
             dist.barrier()
-            v.step(cfg.steps, measure=True)
+            v.step(cfg.training.steps, measure=True)
             res[name]["states"] = v.states()
             v.close()
         out[suite] = res

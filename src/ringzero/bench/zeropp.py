@@ -79,8 +79,10 @@ def benchmark(args) -> dict:
             outputs.check(args.json, "--json")
     ranks = launch.spawn(rank_main, args.nproc, (cfgs,), timeout=args.timeout)
     base, plus = (_variant(c, args.nproc, [r[i] for r in ranks]) for i, c in enumerate(cfgs))
-    return {"nproc": args.nproc, "ranks_per_node": cfgs[0].ranks_per_node, "zeropp": list(cfgs[1].zeropp),
-            "emulate_inter_node": cfgs[0].emulate_inter_node, "model": cfgs[0].model, "steps": cfgs[0].steps,
+    base_cfg, plus_cfg = cfgs
+    return {"nproc": args.nproc, "ranks_per_node": base_cfg.parallel.ranks_per_node,
+            "zeropp": list(plus_cfg.zero.zeropp), "emulate_inter_node": base_cfg.parallel.emulate_inter_node,
+            "model": base_cfg.model.name, "steps": base_cfg.training.steps,
             "zero3": base, "zeropp_run": plus,
             "ratios": {"cross_node_bytes": plus["cross_node_bytes"] / base["cross_node_bytes"]
                        if base["cross_node_bytes"] else None,

@@ -64,7 +64,8 @@ def foreign(root: str, lineage: tuple[str, ...]) -> list[str]:
 
 def crc32(path: str, chunk: int = 8 << 20) -> str:
     """The CRC-32 of file `path` as 8 hex digits: zlib's runs at ~2 GB/s, about 10x the rate a
-    shard is written and fsynced at, and reads the file back from the page cache."""
+    shard is written and fsynced at (`python benchmarks/bench_checksum.py`), and reads the file
+    back from the page cache."""
     value = 0
     with open(path, "rb") as f:
         while block := f.read(chunk):

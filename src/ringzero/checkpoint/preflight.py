@@ -31,30 +31,30 @@ def preflight(cfg, world: int | None = None) -> list[str]:
     changes of the run it continues (`changes`)."""
     notes: list[str] = []
     lineage: tuple[str, ...] = ()
-    if cfg.save_dir is not None:
-        _writable_folder(cfg.save_dir)
+    if cfg.checkpoint.save_dir is not None:
+        _writable_folder(cfg.checkpoint.save_dir)
         _apart(cfg)
-    if cfg.resume is not None:
-        directory = resolve(cfg.resume)
+    if cfg.checkpoint.resume is not None:
+        directory = resolve(cfg.checkpoint.resume)
         m = read(directory)
-        same_model(cfg, m.config, f"--resume {cfg.resume!r}")
-        if m.step >= cfg.steps:
-            raise ValueError(f"--resume {cfg.resume!r} is at step {m.step}, not before --steps {cfg.steps}: "
+        same_model(cfg, m.config, f"--resume {cfg.checkpoint.resume!r}")
+        if m.step >= cfg.training.steps:
+            raise ValueError(f"--resume {cfg.checkpoint.resume!r} is at step {m.step}, not before --steps {cfg.training.steps}: "
                              "nothing is left to run")
         verify(directory, m, deep=True)
         lineage = tuple(m.lineage)
         notes += changes(cfg, m, world, directory)
-    if cfg.save_dir is not None and os.path.isdir(cfg.save_dir) and not cfg.overwrite:
-        start = m.step if cfg.resume is not None else -1
-        others = [n for n in foreign(cfg.save_dir, lineage) if int(STEP_DIR.match(n).group(1)) > start]
+    if cfg.checkpoint.save_dir is not None and os.path.isdir(cfg.checkpoint.save_dir) and not cfg.checkpoint.overwrite:
+        start = m.step if cfg.checkpoint.resume is not None else -1
+        others = [n for n in foreign(cfg.checkpoint.save_dir, lineage) if int(STEP_DIR.match(n).group(1)) > start]
         if others:
             shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
-            raise ValueError(f"--save-dir {cfg.save_dir!r} holds checkpoints of another run ({shown}) "
+            raise ValueError(f"--save-dir {cfg.checkpoint.save_dir!r} holds checkpoints of another run ({shown}) "
                              f"{'after the resumed step ' + str(start) if start >= 0 else ''}".rstrip()
                              + "; a run never removes what it did not write: give another --save-dir, "
                              "--resume one of them, or --overwrite")
-    if cfg.init_from is not None:
-        check_weights_file(cfg, cfg.init_from)
+    if cfg.checkpoint.init_from is not None:
+        check_weights_file(cfg, cfg.checkpoint.init_from)
     return notes
 
 
@@ -74,13 +74,13 @@ def _writable_folder(path: str) -> None:
 def _apart(cfg) -> None:
     """ValueError when save_dir is, holds or lies in another path of the run (the swap files, the
     data): a save must not overwrite what the run reads."""
-    mine = os.path.realpath(cfg.save_dir)
-    for flag, other in (("--nvme-path", cfg.nvme_path), ("--data", cfg.data), ("--init-from", cfg.init_from)):
+    mine = os.path.realpath(cfg.checkpoint.save_dir)
+    for flag, other in (("--nvme-path", cfg.zero.nvme_path), ("--data", cfg.training.data), ("--init-from", cfg.checkpoint.init_from)):
         if other is None:
             continue
         theirs = os.path.realpath(other)
         if mine == theirs or theirs.startswith(mine + os.sep) or mine.startswith(theirs + os.sep):
-            raise ValueError(f"--save-dir {cfg.save_dir!r} and {flag} {other!r} overlap: the checkpoints would "
+            raise ValueError(f"--save-dir {cfg.checkpoint.save_dir!r} and {flag} {other!r} overlap: the checkpoints would "
                              f"{'mix with' if flag == '--nvme-path' else 'overwrite'} what the run reads; "
                              "give them separate folders")
 
@@ -98,9 +98,10 @@ def changes(cfg, m, world: int | None, directory: str) -> list[str]:
     meaning = {"steps": "the learning-rate schedule ends elsewhere", "lr": "another learning-rate schedule",
                "warmup": "another learning-rate schedule", "data": "another corpus", "max_bytes": "another corpus",
                "seed": "another data order and dropout"}
+    now = cfg.flat()
     for name, why in meaning.items():
-        if name in saved and saved[name] != getattr(cfg, name):
-            what.append(f"{name} {saved[name]!r} -> {getattr(cfg, name)!r} ({why})")
+        if name in saved and saved[name] != now[name]:
+            what.append(f"{name} {saved[name]!r} -> {now[name]!r} ({why})")
     if not what:
         return []
     return [f"ringzero: resuming {directory} at step {m.step} with {'; '.join(what)}: the run from here differs "
@@ -129,12 +130,12 @@ def same_model(cfg, saved: dict, what: str) -> None:
     model as `cfg`: the shape its preset and overrides give (a field left to the preset is named
     by its value, not as None)."""
     if saved.get("model") not in MODELS:
-        raise ValueError(f"{what} is a checkpoint of model {saved.get('model')!r}, this run's is {cfg.model!r}")
+        raise ValueError(f"{what} is a checkpoint of model {saved.get('model')!r}, this run's is {cfg.model.name!r}")
     base = preset(saved["model"])
     theirs = dataclasses.replace(base, **{k: saved[k] for k in ("seq", "layers") if saved.get(k) is not None})
     mine = cfg.shape
     for name in ("layers", "seq", "hidden", "heads", "vocab"):
         a, b = getattr(theirs, name, None), getattr(mine, name, None)
         if a != b:
-            models = f" (model {saved['model']} against {cfg.model})" if saved["model"] != cfg.model else ""
+            models = f" (model {saved['model']} against {cfg.model.name})" if saved["model"] != cfg.model.name else ""
             raise ValueError(f"{what} is a checkpoint of another model: its {name} is {a}, this run's {b}{models}")

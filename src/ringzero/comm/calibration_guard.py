@@ -19,7 +19,9 @@ def check_better(cal) -> None:
 
     No file means `auto` prices with `AlphaBetaGamma()`'s defaults; a file replaces them for every
     later call, so one that predicts its own measurements worse (a noisy sweep of a few sizes once
-    fitted α = β = γ = 0 at a 57.9 % median error) would only make `auto` pick worse. A fit from an
+    fitted α = β = γ = 0 at a 57.9 % median error, as `ringzero bench comm --nproc 2 --collective
+    all_reduce --sizes 1KiB,2KiB --iters 1 --calibrate --out /tmp/cal.json` can on a busy machine)
+    would only make `auto` pick worse. A fit from an
     older ringzero, without the defaults' error beside it, is not judged."""
     mine, defaults = cal.error.get("median"), cal.error.get("defaults", {}).get("median")
     if mine is not None and defaults is not None and mine > defaults + TOLERANCE:

@@ -33,12 +33,13 @@ from ringzero.comm import link_emulator
 from ringzero.comm.config import get_config
 from ringzero.comm.meter import active_entries, add
 from ringzero.comm.p2p import cross_flags
+from ringzero.comm.protocol import Handle
 
 KEY = "send_recv/p2p"
 
 
 def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[int, torch.Tensor]] = (),
-         group=None, tag: int = 0, key: str = KEY) -> tuple[list, list]:
+         group=None, tag: int = 0, key: str = KEY) -> tuple[list[Handle], list[Handle]]:
     """Post `sends` and `recvs` [(group peer, contiguous tensor)] at once; returns (send handles,
     receive handles), each with `wait()`. `key`: the meter's entry the bytes count under."""
     for _, t in (*sends, *recvs):

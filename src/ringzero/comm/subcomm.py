@@ -3,14 +3,17 @@
 The hierarchical all-reduce runs a binomial reduce inside each node, a ring among the node
 leaders and a binomial broadcast inside each node again; each of those is an ordinary algorithm
 from `ringzero.comm.algorithms`, run over a `SubComm` whose local rank i is the parent's rank
-`members[i]`. Everything is delegated to the parent through the `Comm` interface only (rank,
-size, itemsize, empty, split, exchange, post_send, post_recv, reduce, copy), so a SubComm works over `TorchComm` and over the
-explainer's symbolic Comm alike, and every byte it moves is metered under the parent's call.
+`members[i]`. Everything is delegated to the parent through the `Comm` interface only
+(`ringzero.comm.protocol`), so a SubComm works over `TorchComm` and over the explainer's symbolic
+Comm alike, and every byte it moves is metered under the parent's call. It is an `AsyncComm` when
+its parent is one (its `async_p2p` is the parent's).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm, Handle
 
 
 class SubComm:
@@ -20,7 +23,7 @@ class SubComm:
     treated as one node (the algorithms run inside it do not split it further).
     """
 
-    def __init__(self, c, members: Sequence[int]) -> None:
+    def __init__(self, c: Comm, members: Sequence[int]) -> None:
         members = list(members)
         if len(set(members)) != len(members) or any(not 0 <= m < c.size for m in members):
             raise ValueError(f"SubComm: members {members} must be distinct ranks of a group of {c.size}")
@@ -37,30 +40,33 @@ class SubComm:
     def itemsize(self) -> int:
         return self.parent.itemsize
 
-    def _map(self, pairs) -> list:
+    def _map(self, pairs: Sequence[tuple[int, Buffer]]) -> list[tuple[int, Buffer]]:
         return [(self.members[p], b) for p, b in pairs]
 
-    def empty(self, n: int):
+    def empty(self, n: int) -> Buffer:
         return self.parent.empty(n)
 
-    def exchange(self, sends=(), recvs=(), new_round: bool = True):
+    def exchange(self, sends: Sequence[tuple[int, Buffer]] = (), recvs: Sequence[tuple[int, Buffer]] = (),
+                 new_round: bool = True) -> Handle:
         """The parent's `exchange` with local peer ranks translated to parent ranks."""
         return self.parent.exchange(self._map(sends), self._map(recvs), new_round=new_round)
 
-    def sendrecv(self, sends=(), recvs=(), new_round: bool = True) -> None:
+    def sendrecv(self, sends: Sequence[tuple[int, Buffer]] = (), recvs: Sequence[tuple[int, Buffer]] = (),
+                 new_round: bool = True) -> None:
         self.exchange(sends, recvs, new_round).wait()
 
-    def post_send(self, peer: int, buf, new_round: bool = False):
+    # post_send, post_recv and split are called only when async_p2p, i.e. on an AsyncComm parent.
+    def post_send(self, peer: int, buf: Buffer, new_round: bool = False) -> Handle:
         return self.parent.post_send(self.members[peer], buf, new_round=new_round)
 
-    def post_recv(self, peer: int, buf, new_round: bool = False):
+    def post_recv(self, peer: int, buf: Buffer, new_round: bool = False) -> Handle:
         return self.parent.post_recv(self.members[peer], buf, new_round=new_round)
 
-    def split(self, buf, sizes):
+    def split(self, buf: Buffer, sizes: Sequence[int]) -> Sequence[Buffer]:
         return self.parent.split(buf, sizes)
 
-    def reduce(self, dst, src) -> None:
+    def reduce(self, dst: Buffer, src: Buffer) -> None:
         self.parent.reduce(dst, src)
 
-    def copy(self, dst, src) -> None:
+    def copy(self, dst: Buffer, src: Buffer) -> None:
         self.parent.copy(dst, src)

@@ -149,7 +149,10 @@ class _Pending:
 
 
 class SymComm:
-    """The `Comm` interface of `ringzero.comm.p2p` over numpy object arrays of `Sym` values."""
+    """A `ringzero.comm.protocol.Comm` over numpy object arrays of `Sym` values.
+
+    Lockstep (`async_p2p` false): every step is one `exchange`, as on NCCL, so it needs none of
+    `AsyncComm`'s single-message calls."""
 
     def __init__(self, world: _World, rank: int, itemsize: int, ranks_per_node: int | None) -> None:
         self._world = world
@@ -168,7 +171,8 @@ class SymComm:
     def empty(self, n: int) -> np.ndarray:
         return np.empty(n, dtype=object)  # filled with None: never written
 
-    def exchange(self, sends: Sequence = (), recvs: Sequence = (), new_round: bool = True) -> _Pending:
+    def exchange(self, sends: Sequence[tuple[int, np.ndarray]] = (), recvs: Sequence[tuple[int, np.ndarray]] = (),
+                 new_round: bool = True) -> _Pending:
         sends = [(self._peer(p), b) for p, b in sends if len(b)]
         recvs = [(self._peer(p), b) for p, b in recvs if len(b)]
         if not sends and not recvs:
@@ -187,7 +191,8 @@ class SymComm:
             posted.append((p, seq, self._step, b))
         return _Pending(self, posted)
 
-    def sendrecv(self, sends: Sequence = (), recvs: Sequence = (), new_round: bool = True) -> None:
+    def sendrecv(self, sends: Sequence[tuple[int, np.ndarray]] = (), recvs: Sequence[tuple[int, np.ndarray]] = (),
+                 new_round: bool = True) -> None:
         self.exchange(sends, recvs, new_round).wait()
 
     def reduce(self, dst: np.ndarray, src: np.ndarray) -> None:

@@ -86,6 +86,7 @@ def add_arguments(parser) -> None:
     a("--flash-attention", action="store_true")
     a("--dp-algorithm", default="auto", help=f"{', '.join(config.DP_ALGORITHMS)} (default auto)")
     a("--bucket-mb", type=float, default=25.0, help="gradient bucket, MiB (default 25)")
+    a("--prefetch", type=int, default=1, help="ZeRO-3: layers gathered ahead of the one computing (default 1)")
     a("--servers", type=int, metavar="S", help="also plan the dp ranks as workers of S parameter servers "
       "(each on its own network link; needs tp 1, pp 1, zero 0)")
 
@@ -159,7 +160,7 @@ def build_parallel(args, m: ModelShape) -> Parallel:
     return Parallel(dp=dp or 1, tp=tp, pp=pp, zero=args.zero, offload=args.offload,
                     sequence_parallel=args.sequence_parallel, schedule=args.schedule,
                     virtual_stages=args.virtual_stages, recompute=args.recompute, flash_attention=args.flash_attention,
-                    dp_algorithm=args.dp_algorithm, bucket_mb=args.bucket_mb)
+                    dp_algorithm=args.dp_algorithm, bucket_mb=args.bucket_mb, prefetch=args.prefetch)
 
 
 def build_hardware(args) -> Hardware:
@@ -220,7 +221,7 @@ def run_recommend(e):
 
 _FIELD_FLAGS = {"hbm_bytes": "--hbm", "target_mfu": "--mfu", **{f: "--" + f.replace("_", "-") for f in (
     "micro_batch", "global_batch", "tokens", "precision", "optimizer", "zero", "offload", "tp", "pp",
-    "sequence_parallel", "schedule", "virtual_stages", "recompute", "dp_algorithm", "bucket_mb", "gpus_per_node",
+    "sequence_parallel", "schedule", "virtual_stages", "recompute", "dp_algorithm", "bucket_mb", "prefetch", "gpus_per_node",
     "intra_bw", "inter_bw")}}
 
 

@@ -24,18 +24,18 @@ import sys
 
 from ringzero.errors import usage
 from ringzero.rank_io import in_torchrun
-from ringzero.run.config import STRATEGIES, TrainConfig, choices
+from ringzero.run.config import STRATEGIES, TrainConfig, choices, flat_fields
 from ringzero.run.deepspeed.reader import from_deepspeed
 from ringzero.run.kind import RunKind
 from ringzero.watchdog import WatchdogPolicy
 from ringzero.commands import train_args, train_log, train_restarts
 from ringzero.commands.train_layout import auto_layout, layout_why
 
-FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+FIELDS = {name: f for name, (_, f) in flat_fields().items()}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
          "micro_batch", "grad_accum", "lr", "warmup", "weight_decay", "clip", "bucket_mb",
          "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
-         "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits",
+         "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits", "prefetch",
          "offload_optimizer", "offload_params", "nvme_path", "offload_buffers", "servers", "ps_mode",
          "staleness", "save_dir", "save_every", "keep", "init_from", "max_nonfinite", "max_restarts")
 
@@ -147,13 +147,13 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     comm_config.CommConfig()                      # reads RINGZERO_CHECKS / TORCH_DISTRIBUTED_DEBUG
     cfg = config_from(args, world)
     if cfg.kind is RunKind.PARAMETER_SERVER:       # --nproc counts the workers; the servers come on top
-        world += 0 if torchrun else cfg.servers
+        world += 0 if torchrun else cfg.ps.servers
         ps_options.check_world(cfg, world)
         cfg.placement(ps_options.workers(cfg, world))
     else:
         ps_options.check_world(cfg, world)          # a straggler's rank
         cfg.placement(world)                       # tp and dp against the world
-    if torchrun and cfg.max_restarts:
+    if torchrun and cfg.faults.max_restarts:
         raise ValueError("--max-restarts restarts local ranks; under torchrun use torchrun's own --max-restarts "
                          "(with --save-dir, each restart resumes from the newest checkpoint)")
     train_args.check_injections(cfg, world)       # a rank that steps, a step the run takes
@@ -161,20 +161,20 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     if cfg.kind is RunKind.SINGLE and world != 1:
         raise ValueError(f"--strategy single runs on one rank, not --nproc {world}; use "
                          f"{', '.join(s for s in STRATEGIES if s != 'single')}")
-    inputs = {"--data": cfg.data, "--config": args.config, "--init-from": cfg.init_from, "--resume": cfg.resume,
-              "--nvme-path": cfg.nvme_path, "--save-dir": cfg.save_dir}
+    inputs = {"--data": cfg.training.data, "--config": args.config, "--init-from": cfg.checkpoint.init_from, "--resume": cfg.checkpoint.resume,
+              "--nvme-path": cfg.zero.nvme_path, "--save-dir": cfg.checkpoint.save_dir}
     if args.json_report:
         outputs.check(args.json_report, "--json-report")
         outputs.not_an_input(args.json_report, "--json-report", inputs)
     if getattr(args, "pipeline_plot", None):
-        if cfg.pp == 1:
+        if cfg.parallel.pp == 1:
             raise ValueError("--pipeline-plot draws a pipeline's schedule: it needs --pp > 1")
         outputs.plot_format(args.pipeline_plot, "--pipeline-plot")
         outputs.not_an_input(args.pipeline_plot, "--pipeline-plot", {**inputs, "--json-report": args.json_report})
     if not torchrun and cfg.kind is not RunKind.PARAMETER_SERVER:
         footprint.check(cfg, world, force=args.force)
         _offload_resources(cfg, world, args.quiet)
-    data.check(len(data.corpus_bytes(cfg.data, cfg.max_bytes)), cfg.shape.seq)   # path and size, checked now
+    data.check(len(data.corpus_bytes(cfg.training.data, cfg.training.max_bytes)), cfg.shape.seq)   # path and size, checked now
     for line in preflight(train_restarts.torchrun_attempt(cfg, torchrun), world):
         if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
             print(line, file=sys.stderr, flush=True)
@@ -185,16 +185,16 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
 def _offload_resources(cfg: TrainConfig, world: int, quiet: bool) -> None:
     """Before any rank starts: say what offloading will need (`twin.offload.offload_needs`), and fail
     in one line when the host memory or the drive under nvme_path does not have it."""
-    if cfg.offload_optimizer == "none" and cfg.offload_params == "none":
+    if cfg.zero.offload_optimizer == "none" and cfg.zero.offload_params == "none":
         return
     from ringzero.parallel.offload.config import OffloadConfig, check_offload
     from ringzero.twin.offload import offload_needs
     host, disk = offload_needs(cfg, world)
-    check_offload(OffloadConfig(device="nvme" if disk else "cpu", nvme_path=cfg.nvme_path if disk else None),
+    check_offload(OffloadConfig(device="nvme" if disk else "cpu", nvme_path=cfg.zero.nvme_path if disk else None),
                   host, disk)
     if not quiet:
-        where = f" and {disk / 2**30:.3f} GiB on disk under {cfg.nvme_path}" if disk else ""
-        print(f"ringzero: offload ({cfg.offload_optimizer} optimizer, {cfg.offload_params} parameters) needs "
+        where = f" and {disk / 2**30:.3f} GiB on disk under {cfg.zero.nvme_path}" if disk else ""
+        print(f"ringzero: offload ({cfg.zero.offload_optimizer} optimizer, {cfg.zero.offload_params} parameters) needs "
               f"{host / 2**30:.3f} GiB of host memory{where} for {world} rank{'s' if world > 1 else ''}",
               file=sys.stderr, flush=True)
 
@@ -227,14 +227,14 @@ def run(args: argparse.Namespace) -> int:
         job = check(args, torchrun)
     cfg, world = job.cfg, job.world
     if args.layout == "auto":
-        print(f"ringzero: layout auto: dp={cfg.placement(world).dp} x tp={cfg.tp} x pp={cfg.pp}, strategy "
-              f"{cfg.strategy}" + (f", schedule {cfg.schedule}" + (f" v={cfg.virtual_stages}" if cfg.virtual_stages > 1
-                                                                  else "") if cfg.pp > 1 else "")
-              + f", {cfg.grad_accum} micro-batch{'es' if cfg.grad_accum > 1 else ''} of {cfg.micro_batch} per step"
+        print(f"ringzero: layout auto: dp={cfg.placement(world).dp} x tp={cfg.parallel.tp} x pp={cfg.parallel.pp}, strategy "
+              f"{cfg.parallel.strategy}" + (f", schedule {cfg.parallel.schedule}" + (f" v={cfg.parallel.virtual_stages}" if cfg.parallel.virtual_stages > 1
+                                                                  else "") if cfg.parallel.pp > 1 else "")
+              + f", {cfg.training.grad_accum} micro-batch{'es' if cfg.training.grad_accum > 1 else ''} of {cfg.training.micro_batch} per step"
               + "\n  " + layout_why(cfg, world, "strategy" in train_args.given(args, FLAGS)), flush=True)
     if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
         print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback) for "
-              f"{cfg.steps} steps", file=sys.stderr, flush=True)
+              f"{cfg.training.steps} steps", file=sys.stderr, flush=True)
     results = train_restarts.run(_rank_main, cfg, world, args, torchrun, job.watch)
     if torchrun:
         if int(os.environ["RANK"]):
@@ -270,8 +270,8 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     if plot:
         from ringzero.twin.pipeline_plot import plot as draw
         pipe = data["pipeline"]
-        v = f", v={cfg.virtual_stages}" if cfg.virtual_stages > 1 else ""
-        draw(pipe["timeline"], plot, title=f"{cfg.schedule}{v}: pp={cfg.pp}, m={cfg.grad_accum} (measured, last "
+        v = f", v={cfg.parallel.virtual_stages}" if cfg.parallel.virtual_stages > 1 else ""
+        draw(pipe["timeline"], plot, title=f"{cfg.parallel.schedule}{v}: pp={cfg.parallel.pp}, m={cfg.training.grad_accum} (measured, last "
                                              f"steady step)", bubble=pipe["idle_fraction"]["measured"],
              predicted=pipe["idle_fraction"]["predicted"])
         console.print(f"wrote {plot}")

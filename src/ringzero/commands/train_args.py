@@ -47,7 +47,7 @@ def check_injections(cfg, world: int) -> None:
     on (`TrainConfig` itself refuses a step at or beyond --steps)."""
     from ringzero.run.kind import RunKind
     from ringzero.run.ps_options import workers
-    faults = [(f, inj) for f, inj in (("--inject-nonfinite", cfg.inject_nonfinite), ("--inject-kill", cfg.inject_kill))
+    faults = [(f, inj) for f, inj in (("--inject-nonfinite", cfg.faults.inject_nonfinite), ("--inject-kill", cfg.faults.inject_kill))
               if inj is not None]
     if not faults:
         return
@@ -58,19 +58,19 @@ def check_injections(cfg, world: int) -> None:
         if rank >= ranks:
             whose = " that compute gradients (the servers compute none)" if gradient and cfg.kind is RunKind.PARAMETER_SERVER else ""
             raise ValueError(f"{flag} rank {rank} is not one of the {ranks} ranks{whose}; allowed: 0-{ranks - 1}")
-        if not first <= step < cfg.steps:
+        if not first <= step < cfg.training.steps:
             resumed = f" (it resumes from the checkpoint of step {first})" if first else ""
             raise ValueError(f"{flag} step {step} is not one this run takes{resumed}; allowed: "
-                             f"{first}-{cfg.steps - 1} (steps count from 0)")
+                             f"{first}-{cfg.training.steps - 1} (steps count from 0)")
 
 
 def _first_step(cfg) -> int:
     """The step a run starts at: its checkpoint's with --resume, else 0."""
-    if cfg.resume is None:
+    if cfg.checkpoint.resume is None:
         return 0
     from ringzero.checkpoint.folders import resolve
     from ringzero.checkpoint.manifest import read
-    return read(resolve(cfg.resume)).step
+    return read(resolve(cfg.checkpoint.resume)).step
 
 
 def given(args: argparse.Namespace, flags: tuple[str, ...]) -> dict:

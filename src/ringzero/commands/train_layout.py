@@ -10,15 +10,15 @@ from ringzero.run.config import TrainConfig
 
 def _layout_inputs(cfg: TrainConfig, batch: int, keep_strategy: bool):
     """(Training, search space) of `--layout auto` for `cfg`'s model and a global batch of `batch`
-    sequences (the ZeRO stage fixed to `cfg.strategy`'s when it was given)."""
+    sequences (the ZeRO stage fixed to `cfg.parallel.strategy`'s when it was given)."""
     from ringzero.plan.config import Training
     from ringzero.plan.search.recommend import ENGINE_SPACE
     from ringzero.plan.strategies.sharding import strategy as sharding_strategy
     space = ENGINE_SPACE
     if keep_strategy:
-        space = dataclasses.replace(space, zero=(sharding_strategy(cfg.strategy).zero,))
-    tr = Training(micro_batch=cfg.micro_batch, global_batch=batch, precision=cfg.precision, optimizer="adam",
-                  dropout=cfg.dropout > 0)
+        space = dataclasses.replace(space, zero=(sharding_strategy(cfg.parallel.strategy).zero,))
+    tr = Training(micro_batch=cfg.training.micro_batch, global_batch=batch, precision=cfg.optim.precision, optimizer="adam",
+                  dropout=cfg.model.dropout > 0)
     return tr, space
 
 
@@ -32,9 +32,9 @@ def auto_layout(cfg: TrainConfig, world: int, given: dict) -> TrainConfig:
     for flag in ("tp", "dp", "pp", "schedule", "virtual_stages"):
         if flag in given:
             raise ValueError(f"--layout auto chooses --{flag.replace('_', '-')} itself; give one or the other")
-    tr, space = _layout_inputs(cfg, cfg.micro_batch * cfg.grad_accum * world, "strategy" in given)
+    tr, space = _layout_inputs(cfg, cfg.training.micro_batch * cfg.training.grad_accum * world, "strategy" in given)
     par = engine_layout(cfg.shape, tr, world, hardware(DEFAULT_GPU), space=space)
-    strategy = cfg.strategy if "strategy" in given else ("dp", "zero1", "zero2", "zero3")[par.zero]
+    strategy = cfg.parallel.strategy if "strategy" in given else ("dp", "zero1", "zero2", "zero3")[par.zero]
     return dataclasses.replace(cfg, tp=par.tp, dp=par.dp, pp=par.pp, schedule=par.schedule,
                                virtual_stages=par.virtual_stages, strategy=strategy,
                                grad_accum=tr.accumulation(par.dp), sequence_parallel=par.sequence_parallel)
@@ -49,7 +49,7 @@ def layout_why(cfg: TrainConfig, world: int, kept_strategy: bool) -> str:
     from ringzero.plan.search.space import search
     from ringzero.commands.plan import DEFAULT_GPU
     hw = hardware(DEFAULT_GPU)
-    tr, space = _layout_inputs(cfg, cfg.micro_batch * cfg.grad_accum * cfg.placement(world).dp, kept_strategy)
+    tr, space = _layout_inputs(cfg, cfg.training.micro_batch * cfg.training.grad_accum * cfg.placement(world).dp, kept_strategy)
     space = dataclasses.replace(space, micro_batches=(tr.micro_batch,), offload=("none",), max_tp=space.max_tp or world)
     found = search(cfg.shape, tr, hw, world, space=space, top=2, keep=lambda par: engine_runs(cfg.shape, par))
     text = (f"planned for {world} x {hw.name} (ringzero.plan's constants for that GPU, not this machine's "

@@ -20,7 +20,7 @@ from ringzero.watchdog import beacon
 
 def log_every(cfg: TrainConfig) -> int:
     """Steps between log lines: the configured value, else a tenth of the run."""
-    return cfg.log_every or max(1, cfg.steps // 10)
+    return cfg.training.log_every or max(1, cfg.training.steps // 10)
 
 
 class StepCallback:
@@ -32,11 +32,11 @@ class StepCallback:
         """The first step this run ran (a resumed run's checkpoint step): tokens/s counts from it."""
         self.tokens = cfg.global_batch(workers(cfg, world)) * cfg.shape.seq   # a ps run's servers take no batch
         self.bar = _Bar(cfg) if show and sys.stdout.isatty() else None
-        self.every = log_every(cfg) if show and (self.bar is None or cfg.log_every) else None
+        self.every = log_every(cfg) if show and (self.bar is None or cfg.training.log_every) else None
 
     def __call__(self, step: int, res) -> None:
         beacon().step_done(step + 1)
-        if step + 1 == self.cfg.steps:
+        if step + 1 == self.cfg.training.steps:
             beacon().finished()          # what follows (evaluation, the report) is not a step
         if self.bar is None and self.every is None:
             return
@@ -46,15 +46,15 @@ class StepCallback:
         val = f"{res.val[-1][1]:.3f}" if res.val and res.val[-1][0] == step + 1 else None
         if self.bar is not None:
             self.bar.update(step, res.losses[-1], val, rate)
-        if self.every is not None and ((step + 1) % self.every == 0 or step == 0 or step + 1 == self.cfg.steps):
+        if self.every is not None and ((step + 1) % self.every == 0 or step == 0 or step + 1 == self.cfg.training.steps):
             print(self.line(step, res, val, rate), flush=True)
 
     def line(self, step: int, res, val: str | None, rate: float) -> str:
-        parts = [f"step {step + 1}/{self.cfg.steps}", f"loss {res.losses[-1]:.4f}"]
+        parts = [f"step {step + 1}/{self.cfg.training.steps}", f"loss {res.losses[-1]:.4f}"]
         if val is not None:
             parts.append(f"val {val}")
         parts += [f"lr {self.cfg.lr_at(step):.2e}", f"{rate:,.0f} tokens/s"]
-        if self.cfg.precision == "fp16":
+        if self.cfg.optim.precision == "fp16":
             scale = getattr(res, "loss_scale", None)
             if scale is not None:
                 parts.append(f"loss scale {scale:g}")
@@ -75,7 +75,7 @@ class _Bar:
         self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
                             TextColumn("loss {task.fields[loss]:.3f}  val {task.fields[val]}  "
                                        "{task.fields[rate]:,.0f} tokens/s"), TimeRemainingColumn())
-        self.task = self.bar.add_task("train", total=cfg.steps, loss=math.nan, val="-", rate=0.0)
+        self.task = self.bar.add_task("train", total=cfg.training.steps, loss=math.nan, val="-", rate=0.0)
         self.bar.start()
 
     def update(self, step: int, loss: float, val: str | None, rate: float) -> None:

@@ -20,15 +20,15 @@ def run(rank_main, cfg: TrainConfig, world: int, args, torchrun: bool, watch) ->
     attempt = cfg
     if torchrun and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
         attempt = restarted(cfg)                 # torchrun's own --max-restarts started this attempt
-    for restart in range(cfg.max_restarts + 1):
+    for restart in range(cfg.faults.max_restarts + 1):
         try:
             # The engine keeps its tensors on the CPU, so under torchrun too its collectives run on gloo.
             return launch.run(rank_main, world, args=(attempt, args.quiet, torchrun, args.checks),
                               timeout=args.timeout, watch=watch, backend="gloo")
         except launch.RankError as exc:
-            if restart == cfg.max_restarts or torchrun:
+            if restart == cfg.faults.max_restarts or torchrun:
                 raise
-            attempt = restarted(cfg, f"{exc.summary}; restart {restart + 1} of {cfg.max_restarts}")
+            attempt = restarted(cfg, f"{exc.summary}; restart {restart + 1} of {cfg.faults.max_restarts}")
     raise AssertionError("unreachable")
 
 
@@ -45,9 +45,9 @@ def restarted(cfg: TrainConfig, why: str = "restarted by torchrun", say: bool = 
     """`cfg` for a restart: from the newest complete checkpoint under --save-dir (the start, or
     --resume, if there is none yet), without the injected faults that made it fail."""
     from ringzero.checkpoint.folders import complete
-    done = complete(cfg.save_dir) if cfg.save_dir is not None else []
-    start = os.path.join(cfg.save_dir, done[-1]) if done else cfg.resume
+    done = complete(cfg.checkpoint.save_dir) if cfg.checkpoint.save_dir is not None else []
+    start = os.path.join(cfg.checkpoint.save_dir, done[-1]) if done else cfg.checkpoint.resume
     if say and int(os.environ.get("RANK", "0")) == 0:
         print(f"ringzero: {why} from {start or 'the start'}", file=sys.stderr, flush=True)
-    return dataclasses.replace(cfg, resume=start, init_from=None if start else cfg.init_from,
+    return dataclasses.replace(cfg, resume=start, init_from=None if start else cfg.checkpoint.init_from,
                                inject_kill=None, inject_nonfinite=None)

@@ -44,8 +44,6 @@ class FlatGroup:
         self.shard: torch.Tensor | None = None       # (shard,) ZeRO-3's own weights
         self.gathering: Future | None = None
         self.landing: torch.Tensor | None = None     # the all-gather's output while it is filled
-        self.secondary: torch.Tensor | None = None   # (padded/H,) ZeRO++ hpZ's node-sharded copy
-        self.secondary_at: slice | None = None       # its place in the bucket
         self.grad_flat: torch.Tensor | None = None   # (padded,) gradients of this rank
         self.grad_shard: torch.Tensor | None = None  # (shard,) reduced gradients of this rank's shard
         self.arrived = 0                             # parameters whose gradient this backward produced

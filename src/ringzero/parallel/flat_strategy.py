@@ -78,7 +78,11 @@ class FlatStrategy:
     def accumulate_in_place(self) -> None:
         """HOOKED -> IN_PLACE (see `Accumulation`): for strategies that reduce once, after their last
         backward (a pipeline's flush), where a per-parameter Python hook is pure cost (~2 us x
-        parameters x micro-batches) and a bucket must not be reduced early. Only strategies whose
+        parameters x micro-batches: `python -m timeit -s "import torch; from torch import nn;
+        m = nn.Sequential(*[nn.Linear(4, 4) for _ in range(500)]); x = torch.randn(2, 4)"
+        "m(x).sum().backward()"`, then with `[p.register_post_accumulate_grad_hook(lambda p: None)
+        for p in m.parameters()]` added to the setup, the difference over its 1,000 parameters)
+        and a bucket must not be reduced early. Only strategies whose
         weights stay whole (DP, ZeRO-1) can: ZeRO-2/3 reduce during backward by design."""
         if self.sharding.reduces_every_micro_batch or self.sharding.shard_params:
             raise ValueError(f"{type(self).__name__} reduces during backward; it cannot accumulate in place")
@@ -209,15 +213,9 @@ class FlatStrategy:
         """Nothing by default (DP updated the whole model on every rank)."""
 
     def _gather(self, g: FlatGroup) -> torch.Tensor:
-        """The bucket's full weights from every rank's shard (on the queue's thread)."""
-        b = g.bucket
-        src = g.shard if g.shard is not None else g.full[b.lo:b.hi].clone()
-        if self.topology.dp == 1:
-            return src.clone()
-        full = torch.empty(b.padded, dtype=b.dtype, device=b.device)    # every element is overwritten
-        g.landing = full
-        comm.all_gather_into_tensor(full, src, group=self.group, algorithm=self._algorithm("all_gather"))
-        return full
+        """The bucket's full weights from every rank's shard (on the queue's thread): only a
+        strategy that shards the weights has a bucket that is not FULL."""
+        raise NotImplementedError
 
     def full_params(self) -> dict[str, torch.Tensor]:
         """Every parameter's value on this rank (gathered over dp when sharded), by name."""

@@ -22,8 +22,9 @@ class ShardingConfig:
     algorithm: str = "auto"
     """`ringzero.comm` algorithm: "auto", "torch", or an all-reduce algorithm name (reduce-scatter
     and all-gather then use their ring, unless the name is one of theirs)."""
-    prefetch: bool = True
-    """ZeRO-3: gather the next layer while the current one computes."""
+    prefetch: int = 1
+    """ZeRO-3: layers gathered ahead of the one computing (0: none; FSDP2's forward prefetch is 1).
+    The planner's ZeRO-3 buffers read the same depth (`plan.strategies.memory.zero3_layers_held`)."""
     zeropp: ZeroPP | None = None
     """ZeRO-3 only: the ZeRO++ options (qwZ, hpZ, qgZ) and their node blocks (`plan.strategies.zeropp`)."""
     offload_params: object | None = None
@@ -38,8 +39,8 @@ class ShardingConfig:
             raise ValueError(f"ZeRO++ ({', '.join(self.zeropp.on)}) runs on ZeRO-3, not {self.sharding.name}")
         if self.offload_params is not None and self.sharding is not ZERO3:
             raise ValueError(f"parameter offload runs on ZeRO-3, not {self.sharding.name}")
-        if self.offload_params is not None and self.zeropp is not None:
-            raise ValueError("parameter offload and ZeRO++ do not run together in ringzero")
+        if not isinstance(self.prefetch, int) or isinstance(self.prefetch, bool) or self.prefetch < 0:
+            raise ValueError(f"prefetch is a number of layers >= 0, got {self.prefetch!r}")
 
     def algorithm_for(self, collective: str) -> str:
         return for_collective(self.algorithm, collective)

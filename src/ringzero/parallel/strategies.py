@@ -1,4 +1,5 @@
-"""The data-parallel strategies by name: one class each, the same interface (`flat_strategy`)."""
+"""The data-parallel strategies by name: one class each, the same interface (`flat_strategy`); ZeRO-3's
+options (ZeRO++, parameter offload) are policies of its one class, chosen from the config."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.zero.zero12 import ZeRO1, ZeRO2
 from ringzero.parallel.zero.zero3 import ZeRO3
-from ringzero.parallel.zero.zeropp import ZeROPlusPlus
 
 CLASSES: dict[str, type[FlatStrategy]] = {c.sharding.name: c for c in (DataParallel, ZeRO1, ZeRO2, ZeRO3)}
 
@@ -20,8 +20,4 @@ def apply_sharding(model: nn.Module, topology: Topology, config: ShardingConfig,
                    queue: CommQueue | None = None) -> FlatStrategy:
     """Lay out `model` for `config.sharding` over `topology`'s dp group; its collectives run on `queue`
     (a new one, owned and closed by the strategy, when None)."""
-    cls = ZeROPlusPlus if config.zeropp is not None else CLASSES[config.sharding.name]
-    if config.offload_params is not None:
-        from ringzero.parallel.offload.zero3 import ZeRO3ParamOffload
-        cls = ZeRO3ParamOffload
-    return cls(model, topology, config, queue)
+    return CLASSES[config.sharding.name](model, topology, config, queue)

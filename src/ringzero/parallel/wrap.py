@@ -1,5 +1,5 @@
-"""One call that makes any `nn.Module` a data-parallel training engine, as `deepspeed.initialize`
-or FSDP2's `fully_shard` do:
+"""One call that makes any `nn.Module` a training engine, as `deepspeed.initialize`, FSDP2's
+`fully_shard` or torch.distributed.pipelining's `pipeline` + `ScheduleGPipe` do:
 
     engine = ringzero.parallel.wrap(model, strategy="zero2", optimizer=AdamConfig(lr=1e-3))
     for x, y in batches:
@@ -8,52 +8,44 @@ or FSDP2's `fully_shard` do:
 
 `strategy` is "dp", "zero1", "zero2" or "zero3" (`plan.strategies.sharding`); `tp_plan` splits the
 model's linears over a tensor-parallel group first (`parallel.tp.tensor_parallel`'s module-name
-patterns -> "colwise" / "rowwise"), the strategy then running over the dp group. The engine runs
-the calls a strategy needs, in their order: gradients are reduced as backward produces them
-(`FlatStrategy`), the last of `grad_accum` micro-batches triggers the reduction (DDP's `no_sync`
-before it), the sharded AdamW updates this rank's shards, ZeRO-1/2 gather the weights after it.
+patterns -> "colwise" / "rowwise"), the strategy then running over the dp group. That engine is
+`parallel.wrap_engine.Engine`.
 
-Twins (`twins()`): the bytes this rank sent and received in its last step (the traffic meter)
-beside the planner's bytes for this model's buckets (`plan.comm.volume`, with "auto" resolved as
-`comm.select` resolves it), and the weight, gradient and optimizer bytes it holds beside the ZeRO
-formulas (`plan.strategies.memory.model_states`; measured bytes include the bucket padding).
+With `pp_split` the model (an `nn.Sequential`) is cut into pipeline stages instead, at the named
+children or into a number of stages (`parallel.wrap_cut`), one stage per rank of each dp replica
+(rank = stage · dp + dp rank, `plan.placement`), and run by `schedule` ("gpipe" or "1f1b") over
+`microbatches`; the loss is `loss_fn(output, target)` on the last stage, so a step is one call:
+
+    engine = wrap(model, strategy="dp", optimizer=AdamConfig(), pp_split=["4"], schedule="1f1b",
+                  microbatches=4, loss_fn=nn.functional.mse_loss)
+    for x, y in batches:
+        engine.step(x, target=y)
+
+That engine is `parallel.wrap_pipeline.PipelineEngine`. Both set the planner's numbers for the
+model beside what they measured (`twins()`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
-from ringzero import comm
-from ringzero.comm import select
-from ringzero.comm.config import get_config
-from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
-from ringzero.parallel.sharding_config import ShardingConfig
-from ringzero.parallel.strategies import apply_sharding
+from ringzero.parallel.optimizer import AdamConfig
 from ringzero.parallel.topology import Topology
-from ringzero.parallel.tp.grads import TensorParallelGrads
 from ringzero.parallel.tp.tensor_parallel import apply_tensor_parallel
-from ringzero.plan.comm.volume import call_for, formula, volume
+from ringzero.parallel.wrap_cut import cut_names
+from ringzero.parallel.wrap_engine import Engine, Pair
+from ringzero.parallel.wrap_pipeline import PipelineEngine
+from ringzero.plan.pipeline import schedule as schedules
 from ringzero.plan.placement import Placement
-from ringzero.plan.strategies import sharding
-from ringzero.plan.strategies.memory import model_states, state_bytes
 
+__all__ = ["wrap", "Engine", "PipelineEngine", "Pair"]
 
-@dataclass(frozen=True)
-class Pair:
-    """A number the planner predicts for this engine beside the engine's measurement of it."""
-
-    name: str
-    predicted: float
-    measured: float
-    unit: str
-
-    @property
-    def error(self) -> float | None:
-        return (self.measured - self.predicted) / self.predicted if self.predicted else None
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")
+"""One model chunk per stage: the interleaved schedule needs virtual stages, which a cut of a
+Sequential at named children does not make."""
 
 
 def _topology(group, tp: int) -> Topology:
@@ -67,127 +59,40 @@ def _topology(group, tp: int) -> Topology:
     return Topology.build(Placement.for_world(world, tp=tp), group)
 
 
-class Engine:
-    """A model under a data-parallel strategy with its sharded optimizer (see the module doc)."""
-
-    def __init__(self, model: nn.Module, strategy: str, optimizer: AdamConfig, topology: Topology,
-                 grad_accum: int, bucket_mb: float, algorithm: str) -> None:
-        self.module, self.topology, self.grad_accum = model, topology, grad_accum
-        self.strategy = apply_sharding(model, topology, ShardingConfig(
-            sharding=sharding.strategy(strategy), bucket_mb=bucket_mb, algorithm=algorithm))
-        # the global norm (clipping) sums over the dp owners and the tp group, a replicated weight
-        # counted on one tp rank (`parallel.tp.grads`), as the engine's trainer does
-        self.tp_grads = TensorParallelGrads(self.strategy, topology, algorithm)
-        self.opt = ShardedAdam(self.strategy.owned_weights(), optimizer, self.tp_grads.sum_over_owners(),
-                               self.tp_grads.counted if topology.tp > 1 else None)
-        self._micro, self._meter, self.traffic = 0, None, {"bytes_sent": 0, "bytes_recv": 0}
-
-    def __call__(self, *args, **kwargs):
-        """The model's forward (the first micro-batch of a step opens the step's traffic meter)."""
-        if self._meter is None:
-            self._meter = comm.TrafficMeter().__enter__()
-        return self.module(*args, **kwargs)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of one micro-batch's loss; the step's last (`grad_accum`-th) reduces the gradients."""
-        if self._micro == self.grad_accum:
-            raise RuntimeError(f"backward() called {self._micro + 1} times without step(): with grad_accum="
-                               f"{self.grad_accum} call step() after every {self.grad_accum} backward()")
-        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            raise TypeError("backward() takes the loss tensor of a forward through the engine")
-        self.strategy.sync = self._micro == self.grad_accum - 1
-        loss.backward()
-        self.strategy.finish_backward()
-        self._micro += 1
-
-    def step(self) -> dict:
-        """Update the weights from the step's reduced gradients (averaged over the dp ranks and the
-        micro-batches), then zero them; returns {"grad_norm", "skipped", "comm_s"}."""
-        if self._micro < self.grad_accum:
-            raise RuntimeError(f"step() after {self._micro} of the {self.grad_accum} backward() calls of a step "
-                               "(grad_accum): every micro-batch's loss goes through backward() first")
-        grads = self.strategy.reduced_grads()
-        self.tp_grads.sync(grads)
-        self.strategy.before_step()
-        out = self.opt.step(grads, divisor=self.topology.dp * self.grad_accum)
-        self.strategy.after_step()
-        self.strategy.zero_grad()
-        self._micro = 0
-        if self._meter is not None:
-            self._meter.__exit__(None, None, None)
-            total = self._meter.total()
-            self.traffic, self._meter = {"bytes_sent": total.bytes_sent, "bytes_recv": total.bytes_recv}, None
-        return out
-
-    def zero_grad(self) -> None:
-        """Zero the gradient accumulators (`step` does it too) and forget a half-done step."""
-        self.strategy.zero_grad()
-        self._micro = 0
-
-    def memory(self) -> dict[str, int]:
-        """Bytes of weights, gradients and optimizer states this rank holds between steps."""
-        return {**self.strategy.held_bytes(), "optimizer": self.opt.state_bytes()}
-
-    def predicted_traffic(self) -> dict[str, int]:
-        """The planner's bytes this rank sends and receives in one step over its buckets."""
-        s, n, r = self.strategy.sharding, self.topology.dp, self.topology.dp_rank
-        itemsize = self.opt.shards[0].element_size()
-        sent = recv = 0
-        for collective, count, size, times in s.calls(self.strategy.layout(), n, itemsize, self.grad_accum):
-            algo = self.strategy.config.algorithm_for(collective)
-            if algo == "auto":
-                algo = select.choose(collective, n, count * size, get_config().node_size(n))
-            v = volume(call_for(collective, formula(collective, algo), n, count, size), r)
-            sent, recv = sent + times * v.bytes_sent, recv + times * v.bytes_recv
-        return {"bytes_sent": sent, "bytes_recv": recv}
-
-    def predicted_memory(self) -> dict[str, int]:
-        """The ZeRO formulas' weight, gradient and optimizer bytes of this rank (Rajbhandari et al.
-        2020, Figure 1) for the model's parameters on this rank."""
-        local = sum(n for n, _ in self.strategy.layout())
-        mixed = "fp32" if self.opt.shards[0].dtype == torch.float32 else "bf16"
-        p, g, o, _ = model_states(local, state_bytes(mixed, "adam"), dp=self.topology.dp,
-                                  zero=self.strategy.sharding.zero)
-        return {"params": p, "grads": g, "optimizer": o}
-
-    def twins(self) -> list[Pair]:
-        """The planner beside the measurement: bytes on the wire in the last step, bytes held."""
-        want, got = self.predicted_traffic(), self.traffic
-        rows = [Pair(f"bytes {k.split('_')[1]} per step", want[k], got[k], "bytes") for k in want]
-        held, formula_ = self.memory(), self.predicted_memory()
-        return rows + [Pair(f"{k} held", formula_[k], held[k], "bytes") for k in held]
-
-    def state_dict(self) -> dict:
-        """This rank's state: the full weights by name, and its optimizer shard's (t, master, m, v)."""
-        o = self.opt
-        return {"model": self.strategy.full_params(), "optimizer": {
-            "t": o.t, "master": [t.clone() for t in o.master], "exp_avg": [t.clone() for t in o.exp_avg],
-            "exp_avg_sq": [t.clone() for t in o.exp_avg_sq]}}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore what `state_dict` returned on this rank (a collective: every rank calls it)."""
-        o, saved = self.opt, state["optimizer"]
-        if len(saved["master"]) != len(o.master) or any(a.shape != b.shape for a, b in zip(saved["master"], o.master)):
-            raise ValueError("load_state_dict: the optimizer shards differ from this engine's (another model, "
-                             "strategy or number of ranks)")
-        with torch.no_grad():
-            for mine, theirs in zip(o.master + o.exp_avg + o.exp_avg_sq,
-                                    saved["master"] + saved["exp_avg"] + saved["exp_avg_sq"]):
-                mine.copy_(theirs)
-            for shard, master in zip(o.shards, o.master):
-                shard.copy_(master)
-        o.t = int(saved["t"])
-        self.strategy.after_step()                   # ZeRO-1/2: the full weights from the shards
-
-    def close(self) -> None:
-        self.strategy.close()
+def _pipeline(model: nn.Module, pp_split, schedule: str, microbatches, loss_fn, strategy: str, group,
+              grad_accum: int, tp: int) -> tuple[list[str], Topology]:
+    """The cut points and the dp x pp grid, or one clear error."""
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} is not supported with pp_split; allowed: "
+                         f"{', '.join(PIPELINE_SCHEDULES)}")
+    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+        raise ValueError(f"a pipeline needs microbatches, an integer >= 1, got {microbatches!r}")
+    if not callable(loss_fn):
+        raise ValueError("a pipeline needs loss_fn(output, target): its last stage computes the loss")
+    if grad_accum != 1 or tp != 1:
+        raise ValueError("with pp_split the micro-batches are the accumulation (microbatches, not grad_accum) "
+                         "and tensor parallelism is not offered: pass grad_accum=1, tp=1")
+    if strategy in ("zero2", "zero3"):
+        raise ValueError(f"strategy {strategy!r} reduces during backward; a pipeline reduces after its "
+                         "flush: ringzero takes dp or zero1 with pp_split")
+    cut_at = cut_names(model, pp_split)
+    stages = len(cut_at) + 1
+    world = dist.get_world_size(group) if dist.is_initialized() else 1
+    if world % stages:
+        raise ValueError(f"pp_split makes {stages} stages, which do not divide the {world} ranks "
+                         f"(dp x pp must equal the ranks)")
+    schedules.check(stages, len(model), microbatches, schedule)
+    return cut_at, Topology.build(Placement.for_world(world, pp=stages), group)
 
 
 def wrap(model: nn.Module, *, strategy: str = "dp", optimizer: AdamConfig | None = None, group=None,
          grad_accum: int = 1, bucket_mb: float = 25.0, algorithm: str = "auto", tp: int = 1,
-         tp_plan: dict[str, str] | None = None) -> Engine:
+         tp_plan: dict[str, str] | None = None, pp_split: list[str] | int | None = None,
+         schedule: str = "1f1b", microbatches: int | None = None,
+         loss_fn: Callable | None = None) -> Engine:
     """`model` as an `Engine` over the ranks of `group` (default: the whole job; one rank without a
-    process group), every rank passing the same, identically initialised model (module doc)."""
+    process group), every rank passing the same, identically initialised model; with `pp_split`, a
+    `PipelineEngine` of this rank's stage (module doc)."""
     if optimizer is None or not isinstance(optimizer, AdamConfig):
         got = "nothing" if optimizer is None else type(optimizer).__name__
         raise TypeError(f"optimizer must be a ringzero.parallel.optimizer.AdamConfig (the engine's sharded AdamW "
@@ -196,6 +101,11 @@ def wrap(model: nn.Module, *, strategy: str = "dp", optimizer: AdamConfig | None
         raise ValueError(f"grad_accum must be an integer >= 1, got {grad_accum!r}")
     if (tp > 1) != (tp_plan is not None):
         raise ValueError("tp > 1 and tp_plan go together: the plan says which linears tp splits")
+    if pp_split is not None:
+        cut_at, topology = _pipeline(model, pp_split, schedule, microbatches, loss_fn, strategy, group,
+                                     grad_accum, tp)
+        return PipelineEngine(model, cut_at, schedule, microbatches, loss_fn, strategy, optimizer,
+                              topology, bucket_mb, algorithm)
     topology = _topology(group, tp)
     if tp > 1:
         apply_tensor_parallel(model, topology, tp_plan, algorithm=algorithm)

@@ -142,6 +142,8 @@ class Parallel:
     """All-reduce algorithm of the gradient sync ("auto": the cheapest under the α-β model)."""
     bucket_mb: float = 25.0
     """Gradient bucket size in MiB (DDP's default is 25)."""
+    prefetch: int = 1
+    """ZeRO-3: layers gathered ahead of the one computing (FSDP's forward prefetch: 1)."""
 
     def __post_init__(self) -> None:
         for k in ("dp", "tp", "pp"):
@@ -161,6 +163,8 @@ class Parallel:
         self._check_pipeline()
         if not self.bucket_mb > 0:
             raise ValueError(f"bucket_mb must be > 0, got {self.bucket_mb}")
+        if type(self.prefetch) is not int or self.prefetch < 0:
+            raise ValueError(f"prefetch must be an integer >= 0, got {self.prefetch!r}")
 
     def _check_pipeline(self) -> None:
         v = self.virtual_stages

@@ -1,4 +1,5 @@
-"""The error a field of a run's configuration raises: one line naming the field and what it can take."""
+"""The error a field of a run's configuration raises (one line naming the field and what it can
+take), and the checks every section of `TrainConfig` makes of its own fields with it."""
 
 from __future__ import annotations
 
@@ -9,3 +10,28 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+def check(section, name: str, ok, rule: str, integer: bool = False, optional: bool = False,
+          field: str | None = None) -> None:
+    """Raise "NAME RULE, got VALUE" unless ok(value) for `section`'s field `name` (`field`: its name
+    on the command line, when another); with `integer`, a non-integer (or a bool) is "NAME must be
+    an integer"; with `optional`, None passes."""
+    value, field = getattr(section, name), field or name
+    if optional and value is None:
+        return
+    if integer and (not isinstance(value, int) or isinstance(value, bool)):
+        raise FieldError(field, f"{field} must be an integer, got {value!r}")
+    try:
+        good = ok(value)
+    except TypeError:
+        good = False
+    if not good:
+        raise FieldError(field, f"{field} {rule}, got {value!r}")
+
+
+def choice(section, name: str, allowed: tuple[str, ...], field: str | None = None) -> None:
+    """Raise unless `section`'s field `name` is one of `allowed`."""
+    value, field = getattr(section, name), field or name
+    if value not in allowed:
+        raise FieldError(field, f"{field} {value!r} is not supported; allowed: {', '.join(allowed)}")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ringzero.run.fields import FieldError
 
 
 MAX_POWER = 64
@@ -80,10 +79,3 @@ class LossScalerConfig:
 DEEPSPEED = LossScalerConfig(window=1000, hysteresis=2)
 """DeepSpeed's defaults for the keys an fp16 section leaves out (its loss_scale_window is 1000 and
 its hysteresis 2; ringzero's own default grows sooner and backs off on the first overflow)."""
-
-
-def check(cfg) -> None:
-    """Raise a `FieldError` unless `cfg.loss_scaler` is a `LossScalerConfig` (its own fields are
-    validated as it is built)."""
-    if not isinstance(cfg.loss_scaler, LossScalerConfig):
-        raise FieldError("loss_scaler", f"loss_scaler must be a LossScalerConfig, got {cfg.loss_scaler!r}")

@@ -54,6 +54,9 @@ class RankResult:
     ps: dict = field(default_factory=dict)
     """A parameter-server run: a worker's per-step "waits" and "computes"; a server's key "range",
     "staleness" of every update, "updates", "pushes", "wait_s", "busy_s" (`ps_engine`)."""
+    gathered: dict[str, int] = field(default_factory=dict)
+    """ZeRO-3: the most layers it held gathered (or being gathered) at once, {"forward", "backward"}
+    (`parallel.zero.zero3.ZeRO3.peak_gathered`); empty otherwise."""
     offload: dict = field(default_factory=dict)
     """Offloaded bytes at the measured step: {"optimizer", "params"} each {"device", "host", "disk"},
     and "disk_io" {"optimizer", "params"} each {"read", "write"} of that step (the rates offloading

@@ -5,14 +5,15 @@ function of the step), the optimizer's step count, the fp16 loss scaler, every r
 (the default generator and tensor parallelism's tracked ones), the layout and the configuration.
 A run resumed in the same layout restores the RNG states too, so it continues bit for bit; in
 another layout the RNG streams are per rank and cannot carry over (dropout then draws anew).
+What all of this reads off a trainer is `train.protocols.CheckpointedTrainer`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import threading
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -20,18 +21,20 @@ import torch.distributed as dist
 from ringzero.checkpoint.folders import resolve
 from ringzero.checkpoint.load import Reader, fill, fill_weights
 from ringzero.checkpoint.manifest import CheckpointError, read
-from ringzero.checkpoint.save import snapshot, write
-from ringzero.checkpoint.state import optimizer_states, pieces
+from ringzero.checkpoint.save import Snapshot, snapshot, write
+from ringzero.checkpoint.state import Local, optimizer_states, pieces
+from ringzero.run.config import TrainConfig
+from ringzero.train.protocols import CheckpointedTrainer
 
 
-def layout(trainer) -> dict:
+def layout(trainer: CheckpointedTrainer) -> dict:
     c, t = trainer.cfg, trainer.topo
-    return {"world": t.world, "dp": t.dp, "tp": t.tp, "pp": t.pp, "strategy": c.strategy,
-            "precision": c.precision, "virtual_stages": c.virtual_stages, "sequence_parallel": c.sequence_parallel,
-            "offload_optimizer": c.offload_optimizer}
+    return {"world": t.world, "dp": t.dp, "tp": t.tp, "pp": t.pp, "strategy": c.parallel.strategy,
+            "precision": c.optim.precision, "virtual_stages": c.parallel.virtual_stages, "sequence_parallel": c.parallel.sequence_parallel,
+            "offload_optimizer": c.zero.offload_optimizer}
 
 
-def _rng(trainer) -> dict[str, torch.Tensor]:
+def _rng(trainer: CheckpointedTrainer) -> dict[str, torch.Tensor]:
     out = {"torch": torch.get_rng_state()}
     tracker = trainer.tp.rng
     if tracker is not None:
@@ -39,7 +42,7 @@ def _rng(trainer) -> dict[str, torch.Tensor]:
     return out
 
 
-def _scaler(trainer) -> dict:
+def _scaler(trainer: CheckpointedTrainer) -> dict:
     s = trainer.scaler
     return {k: getattr(s, k) for k in ("scale", "good_steps", "skipped", "tolerance") if hasattr(s, k)}
 
@@ -51,7 +54,7 @@ class Behind:
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
-    def start(self, fn, *args) -> None:
+    def start(self, fn: Callable[..., object], *args: object) -> None:
         def run() -> None:
             try:
                 fn(*args)
@@ -72,12 +75,12 @@ class Behind:
 
 
 class Saver:
-    """The run's checkpoint writer (`checkpoint.save`): synchronous, or with `cfg.async_save` one
+    """The run's checkpoint writer (`checkpoint.save`): synchronous, or with `cfg.checkpoint.async_save` one
     save at a time on a background thread while training goes on. `blocked_s`: what each save
     cost the step (the copy to host memory, and waiting for the previous save when it had not
     finished); `write_s`: each save's own writing time."""
 
-    def __init__(self, trainer) -> None:
+    def __init__(self, trainer: CheckpointedTrainer) -> None:
         self.cfg, self.topo = trainer.cfg, trainer.topo
         self.token = run_token(self.topo.grid_group, self.topo.world)
         self.ancestors = ancestors(self.cfg)
@@ -85,19 +88,19 @@ class Saver:
         self.blocked_s: list[float] = []
         self.write_s: list[float] = []
 
-    def save(self, trainer, step: int) -> str | None:
+    def save(self, trainer: CheckpointedTrainer, step: int) -> str | None:
         """Save the state after `step` completed steps; returns the path on rank 0 once it is
         complete (synchronous saves), else None."""
         c, t = self.cfg, self.topo
         t0 = time.perf_counter()
         self.wait()
-        meta = {"layout": layout(trainer), "config": dataclasses.asdict(c), "scaler": _scaler(trainer),
+        meta = {"layout": layout(trainer), "config": c.as_dict(), "scaler": _scaler(trainer),
                 "optimizer_step": trainer.opt.t}
         with trainer.strategy.shards_at_hand():
             snap = snapshot(step, t.rank, t.world, pieces(trainer.strategy, t, trainer.opt, writing=True),
-                            _rng(trainer), meta, self.token, c.keep, copy=c.async_save or c.offload_params != "none",
-                            ancestors=self.ancestors, overwrite=c.overwrite)
-        if c.async_save:
+                            _rng(trainer), meta, self.token, c.checkpoint.keep, copy=c.checkpoint.async_save or c.zero.offload_params != "none",
+                            ancestors=self.ancestors, overwrite=c.checkpoint.overwrite)
+        if c.checkpoint.async_save:
             self.behind.start(self._write, snap)
             self.blocked_s.append(time.perf_counter() - t0)
             return None
@@ -109,10 +112,10 @@ class Saver:
             self.blocked_s.append(time.perf_counter() - t0)
         return path
 
-    def _write(self, snap) -> str | None:
+    def _write(self, snap: Snapshot) -> str | None:
         t0 = time.perf_counter()
         try:
-            return write(self.cfg.save_dir, snap)
+            return write(self.cfg.checkpoint.save_dir, snap)
         finally:
             self.write_s.append(time.perf_counter() - t0)
 
@@ -122,10 +125,10 @@ class Saver:
 
     def summary(self) -> dict:
         return {"saves": len(self.blocked_s), "blocked_s": list(self.blocked_s), "write_s": list(self.write_s),
-                "async": self.cfg.async_save}
+                "async": self.cfg.checkpoint.async_save}
 
 
-def run_token(group, world: int) -> str:
+def run_token(group: dist.ProcessGroup | None, world: int) -> str:
     """This run's id: in its checkpoints' manifests and shards, and the name of its temporary
     checkpoint folders; the same on every rank of `group` (rank 0's, broadcast: a collective when
     `world` > 1)."""
@@ -136,33 +139,33 @@ def run_token(group, world: int) -> str:
     return box[0]
 
 
-def ancestors(cfg) -> tuple[str, ...]:
+def ancestors(cfg: TrainConfig) -> tuple[str, ...]:
     """The runs a run of `cfg` descends from: the lineage of the checkpoint it resumes (none when
     it starts afresh, or from a checkpoint saved before run ids)."""
-    return tuple(read(resolve(cfg.resume)).lineage) if cfg.resume is not None else ()
+    return tuple(read(resolve(cfg.checkpoint.resume)).lineage) if cfg.checkpoint.resume is not None else ()
 
 
-def save_checkpoint(trainer, step: int) -> str | None:
-    """Save the state after `step` completed steps under `cfg.save_dir` (every rank calls it)."""
+def save_checkpoint(trainer: CheckpointedTrainer, step: int) -> str | None:
+    """Save the state after `step` completed steps under `cfg.checkpoint.save_dir` (every rank calls it)."""
     if getattr(trainer, "saver", None) is None:
         trainer.saver = Saver(trainer)
     return trainer.saver.save(trainer, step)
 
 
-def due(cfg, done: int) -> bool:
+def due(cfg: TrainConfig, done: int) -> bool:
     """Whether to save after `done` steps."""
-    return cfg.save_dir is not None and (done == cfg.steps or (cfg.save_every is not None and done % cfg.save_every == 0))
+    return cfg.checkpoint.save_dir is not None and (done == cfg.training.steps or (cfg.checkpoint.save_every is not None and done % cfg.checkpoint.save_every == 0))
 
 
 @torch.no_grad()
-def load_checkpoint(trainer, path: str) -> int:
+def load_checkpoint(trainer: CheckpointedTrainer, path: str) -> int:
     """Load checkpoint `path` (a checkpoint or a save_dir) into `trainer`, whatever layout saved it;
     returns the step to continue from."""
     reader = Reader(resolve(path))
     m = reader.manifest
-    if m.step >= trainer.cfg.steps:
+    if m.step >= trainer.cfg.training.steps:
         raise CheckpointError(f"the checkpoint {reader.directory} is at step {m.step}, not before steps "
-                              f"{trainer.cfg.steps}: nothing is left to run")
+                              f"{trainer.cfg.training.steps}: nothing is left to run")
     _load(trainer, lambda locals_: fill(reader, locals_))
     trainer.opt.t = m.optimizer_step
     for k, v in m.scaler.items():
@@ -174,13 +177,13 @@ def load_checkpoint(trainer, path: str) -> int:
 
 
 @torch.no_grad()
-def init_weights(trainer, path: str) -> None:
+def init_weights(trainer: CheckpointedTrainer, path: str) -> None:
     """Take the weights from a consolidated safetensors file (`ringzero checkpoint consolidate`), in
     any layout; the optimizer starts afresh."""
     _load(trainer, lambda locals_: fill_weights(path, [l for l in locals_ if not l.name.startswith("exp_avg")]))
 
 
-def _load(trainer, filler) -> None:
+def _load(trainer: CheckpointedTrainer, filler: Callable[[list[Local]], None]) -> None:
     """`filler(pieces)` sets this rank's pieces; then what the optimizer and strategy derive from them."""
     opt = trainer.opt
     with trainer.strategy.shards_at_hand(changed=True):
@@ -195,7 +198,7 @@ def _load(trainer, filler) -> None:
     trainer.strategy.after_step()          # ZeRO-1/2: every rank's full weights from the loaded shards
 
 
-def _restore_rng(trainer, saved: dict[str, torch.Tensor]) -> None:
+def _restore_rng(trainer: CheckpointedTrainer, saved: dict[str, torch.Tensor]) -> None:
     if "torch" in saved:
         torch.set_rng_state(saved["torch"])
     tracker = trainer.tp.rng

@@ -28,7 +28,7 @@ class NonFinite:
 
     def __init__(self, cfg, topology, queue) -> None:
         self.cfg, self.topo, self.queue = cfg, topology, queue
-        self.fp16 = cfg.precision == "fp16"
+        self.fp16 = cfg.optim.precision == "fp16"
         self.in_a_row = 0
         self.steps: list[tuple[int, list[int]]] = []
         """(step, origin ranks) of every skipped step."""
@@ -36,7 +36,7 @@ class NonFinite:
     def before(self, step: int, strategy) -> None:
         """The faults injected at the start of `step`: an inf for the gradient, or this rank's death."""
         me = (self.topo.rank, step)
-        if self.cfg.inject_nonfinite == me:
+        if self.cfg.faults.inject_nonfinite == me:
             strategy.poison = True
         kill_if(self.cfg, *me)
 
@@ -50,7 +50,7 @@ class NonFinite:
         if self.fp16:
             return
         self.in_a_row += 1
-        stop_if(self.in_a_row, self.cfg.max_nonfinite, step, ranks)
+        stop_if(self.in_a_row, self.cfg.faults.max_nonfinite, step, ranks)
 
     def _origin(self, mine: bool) -> list[int]:
         """The grid ranks whose own gradient was not finite (one all-reduce; only on skipped steps)."""
@@ -64,8 +64,8 @@ class NonFinite:
 
 
 def kill_if(cfg, rank: int, step: int) -> None:
-    """Die here (SIGKILL: no handler, no cleanup) if `cfg.inject_kill` is (`rank`, `step`)."""
-    if cfg.inject_kill == (rank, step):
+    """Die here (SIGKILL: no handler, no cleanup) if `cfg.faults.inject_kill` is (`rank`, `step`)."""
+    if cfg.faults.inject_kill == (rank, step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 

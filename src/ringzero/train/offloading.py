@@ -8,15 +8,15 @@ from ringzero.parallel.offload.config import OffloadConfig
 
 def optimizer_offload(cfg):
     """The run's `parallel.offload.optimizer.OffloadConfig` for the optimizer states (device "none" without)."""
-    nvme = cfg.offload_optimizer == "nvme"
-    return OffloadConfig(device=cfg.offload_optimizer, nvme_path=cfg.nvme_path if nvme else None,
-                         buffer_count=cfg.offload_buffers, pin_memory=cfg.offload_pin_memory)
+    nvme = cfg.zero.offload_optimizer == "nvme"
+    return OffloadConfig(device=cfg.zero.offload_optimizer, nvme_path=cfg.zero.nvme_path if nvme else None,
+                         buffer_count=cfg.zero.offload_buffers, pin_memory=cfg.zero.offload_pin_memory)
 
 
 def param_offload(cfg):
     """The run's `OffloadConfig` for ZeRO-3's weight shards, or None when they stay on the device."""
-    if cfg.offload_params == "none":
+    if cfg.zero.offload_params == "none":
         return None
-    nvme = cfg.offload_params == "nvme"
-    return OffloadConfig(device=cfg.offload_params, nvme_path=cfg.nvme_path if nvme else None,
-                         buffer_count=cfg.offload_buffers, pin_memory=cfg.offload_pin_memory)
+    nvme = cfg.zero.offload_params == "nvme"
+    return OffloadConfig(device=cfg.zero.offload_params, nvme_path=cfg.zero.nvme_path if nvme else None,
+                         buffer_count=cfg.zero.offload_buffers, pin_memory=cfg.zero.offload_pin_memory)

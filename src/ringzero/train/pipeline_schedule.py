@@ -31,10 +31,15 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ringzero.comm import point_to_point
+from ringzero.parallel.flat_strategy import FlatStrategy
+from ringzero.parallel.pp.boundary import StageBoundary
 from ringzero.parallel.recompute import SavedBytes
+from ringzero.parallel.topology import Topology
 from ringzero.plan.pipeline import schedule as schedules
+from ringzero.train.step_schedule import StepHooks
 
 ACTIVATIONS, GRADIENTS = 1, 2
 """Message tags of the two streams."""
@@ -42,14 +47,17 @@ RECEIVE_AHEAD = 4
 """Actions ahead whose receives a gloo stage posts early. Step time against torch.distributed.pipelining
 on 2 ranks (GPT 8 x 256, m = 8, paired medians of 22 steps, GPipe / 1F1B / interleaved): posted
 when needed 0.95 / 0.99 / 1.03, 1 ahead 0.95 / 0.99 / 0.99, 2 ahead 0.91 / 0.96 / 0.97, 4 ahead
-0.91 / 0.93 / 0.92."""
+0.91 / 0.93 / 0.92: `ringzero bench train --nproc 2 --suites '' --pp 2 --pp-layers 8
+--pp-microbatches 8 --steps 22` with this constant at 0, 1, 2 and 4."""
 
 
 class PipelineSchedule:
-    """Stage `topology.pp_rank`'s part of `schedule` over `stages` (a `parallel.pp.pipeline.PipelineStages`)."""
+    """Stage `topology.pp_rank`'s part of `schedule` over `stages` (a
+    `parallel.pp.pipeline.PipelineStages`, or `parallel.pp.sequential.SequentialStages`); a
+    `train.protocols.StepSchedule`."""
 
-    def __init__(self, stages, topology, schedule: str, virtual_stages: int, activation_shape: tuple[int, ...],
-                 dtype: torch.dtype, cost: tuple[float, float] | None = None) -> None:
+    def __init__(self, stages: StageBoundary, topology: Topology, schedule: str, virtual_stages: int,
+                 activation_shape: tuple[int, ...], dtype: torch.dtype, cost: tuple[float, float] | None = None) -> None:
         self.stages, self.topology, self.schedule, self.v = stages, topology, schedule, virtual_stages
         self.shape, self.dtype, self.cost = activation_shape, dtype, cost
         self.numel = stages.incoming_numel(int(torch.Size(activation_shape).numel()))
@@ -62,13 +70,13 @@ class PipelineSchedule:
         """The most chunk micro-batches whose activations this stage held at once in the last step."""
 
     # -- messages ---------------------------------------------------------------------------------
-    def _receives(self, acts: list) -> list[tuple[int, int] | None]:
+    def _receives(self, acts: list[schedules.Action]) -> list[tuple[int, int] | None]:
         """(peer, tag) each action receives from, or None."""
         st = self.stages
         return [(self.prev, ACTIVATIONS) if a.kind == "F" and not st.is_first(a.chunk) else
                 (self.next, GRADIENTS) if a.kind == "B" and not st.is_last(a.chunk) else None for a in acts]
 
-    def _post_until(self, needs: list, stop: int) -> None:
+    def _post_until(self, needs: list[tuple[int, int] | None], stop: int) -> None:
         """Post the receives of actions before `stop` not posted yet, in action order (the order the
         peers send in, per tag)."""
         while self._posted_until < min(stop, len(needs)):
@@ -79,7 +87,7 @@ class PipelineSchedule:
                 self._pending[self._posted_until] = (buf, works)
             self._posted_until += 1
 
-    def _recv(self, needs: list, j: int, hooks) -> torch.Tensor:
+    def _recv(self, needs: list[tuple[int, int] | None], j: int, hooks: StepHooks) -> torch.Tensor:
         """Action j's message, once it has arrived (posting the receives `ahead` actions on)."""
         self._post_until(needs, j + 1 + self.ahead)
         buf, works = self._pending.pop(j)
@@ -100,7 +108,8 @@ class PipelineSchedule:
             time.sleep(rest)
 
     # -- one step ---------------------------------------------------------------------------------
-    def run(self, model, strategy, micro_batches: list, loss_scale, hooks) -> list[float]:
+    def run(self, model: nn.Module, strategy: FlatStrategy, micro_batches: list[tuple[torch.Tensor, torch.Tensor]],
+            loss_scale: float, hooks: StepHooks) -> list[float]:
         """Losses of the micro-batches (on the last stage; empty elsewhere); gradients reduced over
         the tied-embedding pair and the dp group, left in `strategy`."""
         topo = self.topology
@@ -127,7 +136,8 @@ class PipelineSchedule:
             strategy.reduce_now()
         return self._losses
 
-    def _forward(self, model, j: int, a, needs: list, batch: tuple, loss_scale, hooks) -> float:
+    def _forward(self, model: nn.Module, j: int, a: schedules.Action, needs: list[tuple[int, int] | None],
+                 batch: tuple[torch.Tensor, torch.Tensor], loss_scale: float, hooks: StepHooks) -> float:
         """Action j, a forward: receive its input (unless the model's first chunk), run the chunk
         (counting what autograd saves when measuring), send the output on. Returns its start."""
         st, (x, y), leaf = self.stages, batch, None
@@ -152,7 +162,7 @@ class PipelineSchedule:
         self._held[(a.micro, a.chunk)] = (leaf, out)
         return t0
 
-    def _backward(self, j: int, a, needs: list, hooks) -> float:
+    def _backward(self, j: int, a: schedules.Action, needs: list[tuple[int, int] | None], hooks: StepHooks) -> float:
         """Action j, a backward: receive the output's gradient (unless the model's last chunk),
         backpropagate, send the input's gradient back. Returns its start."""
         st = self.stages
@@ -174,10 +184,9 @@ class PipelineSchedule:
         self._sending = []
 
     @torch.no_grad()
-    def forward_only(self, micro_batches: list) -> list[float]:
+    def forward_only(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[float]:
         """Losses of `micro_batches` (x, y) through the pipeline, no backward (evaluation); on the
         last stage, empty elsewhere."""
-        from ringzero.train.step_schedule import StepHooks
         st, hooks = self.stages, StepHooks(None)
         # Micro-batch by micro-batch, chunk by chunk: every stage waits only on earlier pairs.
         acts = [schedules.Action("F", k, c) for k in range(len(micro_batches)) for c in range(self.v)]

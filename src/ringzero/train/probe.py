@@ -15,7 +15,8 @@ steps do. Everything runs in the run's own precision, shapes and algorithms:
   do. Two small biases remain and partly cancel: the lone block runs with its weights and
   activations hot in cache, and the rest of the model (embedding lookups, tied head, loss) is
   counted at 6 FLOPs per parameter, more than a lookup does. Timed interleaved on one rank at
-  nano's shape, the model took -4 % to +9 % of what the block's rate predicts (fp32 and bf16).
+  nano's shape, the model took -4 % to +9 % of what the block's rate predicts (fp32 and bf16: the
+  compute twin of `ringzero train --strategy single --steps 40`, and with `--precision bf16`).
 - An injected straggler's rank times the block once more while every other rank waits at a
   barrier (`alone_flops`): it computes while they wait for it, with the cores to itself
   (`predict_straggler`).
@@ -68,11 +69,14 @@ COMPUTE_WINDOW_S = 0.03
 and so must the probe. With more ranks than cores, a pass shorter than the scheduler's time slice
 (a few ms) may run on a core of its own while a peer waits to start: 3 ranks on 2 cores in bf16
 (nano, micro-batch 4: ~8 ms a pass) were predicted at their 2-rank speed, 59-64 % faster than they
-ran."""
+ran (the compute twin of `ringzero train --nproc 3 --precision bf16 --micro-batch 4 --steps 40`
+with this window at 0)."""
 OPT_MAX_PARAMS = 2**22
 TP_REPS = 2
 """Tensor-parallel passes per point (`probe_tp`), at least: a pass holds 8 rendezvous of its group
-(nano: 40-70 ms a pass beyond its arithmetic, 4 ranks on 2 cores), and one pass a point varied most."""
+(nano: 40-70 ms a pass beyond its arithmetic, 4 ranks on 2 cores: `tp_layer_comm_s` in the JSON's
+`probe` of `ringzero train --nproc 4 --tp 2 --steps 40 --json-report out/tp.json`), and one pass a
+point varied most."""
 
 
 def probe_steps(steps: int) -> list[int]:
@@ -148,16 +152,16 @@ class Prober:
 
     def __init__(self, cfg: TrainConfig, strategy, sp_elements: int | None = None) -> None:
         from ringzero.train.model import AttentionCore, Block
-        self.cfg, self.strategy, self.dtype = cfg, strategy, dtype_of(cfg.precision)
+        self.cfg, self.strategy, self.dtype = cfg, strategy, dtype_of(cfg.optim.precision)
         self.queue, self.sp_elements = strategy.queue, sp_elements
         m = cfg.shape
         torch.manual_seed(0)
-        holder = nn.ModuleList([_local_block(Block(m, cfg.attention, cfg.dropout), m, cfg.tp).to(self.dtype)])
-        apply_recompute(holder, cfg.recompute, (AttentionCore,))
+        holder = nn.ModuleList([_local_block(Block(m, cfg.model.attention, cfg.model.dropout), m, cfg.parallel.tp).to(self.dtype)])
+        apply_recompute(holder, cfg.training.recompute, (AttentionCore,))
         self.block = holder[0]
-        self.x = torch.randn(cfg.micro_batch, m.seq, m.hidden).to(self.dtype).requires_grad_()
+        self.x = torch.randn(cfg.training.micro_batch, m.seq, m.hidden).to(self.dtype).requires_grad_()
         self.grad = torch.randn_like(self.x)      # (b, s, h), dense as the next layer's gradient is
-        self.work = flops.layer_flops_per_token(m, cfg.recompute) * cfg.micro_batch * m.seq / cfg.tp
+        self.work = flops.layer_flops_per_token(m, cfg.training.recompute) * cfg.training.micro_batch * m.seq / cfg.parallel.tp
         sizes, total = [], 0
         for shard in strategy.owned_weights():
             n = min(shard.numel(), OPT_MAX_PARAMS - total)
@@ -170,20 +174,20 @@ class Prober:
         # in about 3/4 of the first 60 steps), so it bites in the probe too: gradients of norm
         # `clip` divided by 0.5 have norm 2·clip and are scaled by 1/2, every call (fp32 divides
         # and scales them in place, so each call leaves them at norm `clip` again).
-        self.divisor = 0.5 if cfg.clip else 1.0
-        weights, self.grads = _shards(sizes, self.dtype, cfg.clip or 1.0)
+        self.divisor = 0.5 if cfg.optim.clip else 1.0
+        weights, self.grads = _shards(sizes, self.dtype, cfg.optim.clip or 1.0)
         self.opt = ShardedAdam(weights, AdamConfig(          # alone: the norm's all-reduce does not run
-            lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay, clip=cfg.clip))
+            lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay, clip=cfg.optim.clip))
         self.calls = self._calls()
         topo = strategy.topology
-        self.tp_pass = TPLayerPass(cfg, topo, self.dtype) if cfg.tp > 1 and dist.is_initialized() else None
+        self.tp_pass = TPLayerPass(cfg, topo, self.dtype) if cfg.parallel.tp > 1 and dist.is_initialized() else None
         self.warm = False
 
     def _calls(self) -> dict[str, object]:
         st, topo = self.strategy, self.strategy.topology
         groups = {"dp": st.group, "tp": topo.tp_group, "tp_step": topo.tp_group, "embedding": topo.embedding_group,
                   "pp_step": topo.pp_group, "dp_node": topo.dp_node_group, "dp_cross": topo.dp_cross_group}
-        algorithms = {g: (st.config.algorithm_for if g in predict.DP_GROUPS else lambda _: self.cfg.tp_algorithm)
+        algorithms = {g: (st.config.algorithm_for if g in predict.DP_GROUPS else lambda _: self.cfg.parallel.tp_algorithm)
                       for g in groups}
         out = {}
         for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout(), self.sp_elements, topo.rank):
@@ -251,9 +255,9 @@ class Prober:
         its rank the block is timed a second time with every other rank held at a barrier: the
         rate of a rank with the cores to itself. None on the other ranks and without a straggler."""
         topo = self.strategy.topology
-        if self.cfg.straggler is None or not dist.is_initialized() or topo.world == 1:
+        if self.cfg.faults.straggler is None or not dist.is_initialized() or topo.world == 1:
             return None
         dist.barrier(everyone)
-        rate = self._block_rate() if topo.rank == self.cfg.straggler[0] else None
+        rate = self._block_rate() if topo.rank == self.cfg.faults.straggler[0] else None
         dist.barrier(everyone)
         return rate

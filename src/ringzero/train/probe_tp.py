@@ -9,7 +9,9 @@ and while one member waits for a peer the scheduler has given its core to, the p
 tp groups' passes, timed with every rank running its own at once, hold those waits; what they take
 beyond the block's arithmetic is what a layer's collectives cost in the step (measured with tp 2 x
 dp 2 and sequence parallelism, 4 ranks on 2 cores: waits in the tp collectives alone were 60-86 ms
-of a 570 ms step, none of them in the collectives timed alone).
+of a 570 ms step, none of them in the collectives timed alone; `ringzero train --nproc 4 --tp 2
+--sequence-parallel --steps 40 --json-report out/tp.json`, whose `probe` holds `tp_layer_comm_s`
+beside each collective's seconds alone).
 """
 
 from __future__ import annotations
@@ -29,13 +31,13 @@ class TPLayerPass:
         from ringzero.train.model import AttentionCore, Block
         m = cfg.shape
         torch.manual_seed(0)
-        block = Block(m, cfg.attention, cfg.dropout)
-        split_block(block, topology, sequence_parallel=cfg.sequence_parallel, algorithm=cfg.tp_algorithm)
+        block = Block(m, cfg.model.attention, cfg.model.dropout)
+        split_block(block, topology, sequence_parallel=cfg.parallel.sequence_parallel, algorithm=cfg.parallel.tp_algorithm)
         holder = nn.ModuleList([block.to(dtype)])
-        apply_recompute(holder, cfg.recompute, (AttentionCore,))
+        apply_recompute(holder, cfg.training.recompute, (AttentionCore,))
         self.block = holder[0]
-        seq = m.seq // topology.tp if cfg.sequence_parallel else m.seq
-        self.x = torch.randn(cfg.micro_batch, seq, m.hidden).to(dtype).requires_grad_()
+        seq = m.seq // topology.tp if cfg.parallel.sequence_parallel else m.seq
+        self.x = torch.randn(cfg.training.micro_batch, seq, m.hidden).to(dtype).requires_grad_()
         self.grad = torch.randn_like(self.x)           # (b, s or s/t, h), dense as a layer's is
 
     def __call__(self) -> None:

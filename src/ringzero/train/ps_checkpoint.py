@@ -26,7 +26,6 @@ server's range on its own, as here):
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -57,8 +56,8 @@ def range_pieces(strategy, lo: int, hi: int, tensors: dict[str, torch.Tensor]) -
 
 def _meta(cfg, workers: int, servers: int, step: int) -> dict:
     layout = {"world": workers + servers, "dp": workers, "tp": 1, "pp": 1, "strategy": "ps", "servers": servers,
-              "ps_mode": cfg.ps_mode, "precision": cfg.precision}
-    return {"layout": layout, "config": dataclasses.asdict(cfg), "scaler": {}, "optimizer_step": step}
+              "ps_mode": cfg.ps.ps_mode, "precision": cfg.optim.precision}
+    return {"layout": layout, "config": cfg.as_dict(), "scaler": {}, "optimizer_step": step}
 
 
 def server_tensors(server) -> dict[str, torch.Tensor]:
@@ -84,20 +83,20 @@ class PSSaver:
         """Write this rank's part of the checkpoint after `step` steps (a server, now: its range
         changes under the next update) ."""
         self.last = step
-        write(self.cfg.save_dir, self._snapshot(step, locals_))
+        write(self.cfg.checkpoint.save_dir, self._snapshot(step, locals_))
 
     def save_behind(self, step: int) -> None:
         """A worker's part (its RNG state) on a background thread: worker 0 publishes the
         checkpoint there once the servers' markers are in, which its own steps must not wait for.
         No deadline on those markers: they come when the slowest worker reaches `step` (under
         async, any number of steps behind worker 0), and a dead rank ends the job anyway."""
-        self.behind.start(write, self.cfg.save_dir, self._snapshot(step, []), None)
+        self.behind.start(write, self.cfg.checkpoint.save_dir, self._snapshot(step, []), None)
 
     def _snapshot(self, step: int, locals_: list[Local]):
         meta = _meta(self.cfg, self.workers, self.servers, step)
         return snapshot(step, self.rank, self.workers + self.servers, locals_, {"torch": torch.get_rng_state()},
-                        meta, self.token, self.cfg.keep, copy=False, ancestors=self.ancestors,
-                        overwrite=self.cfg.overwrite)
+                        meta, self.token, self.cfg.checkpoint.keep, copy=False, ancestors=self.ancestors,
+                        overwrite=self.cfg.checkpoint.overwrite)
 
     def wait(self) -> None:
         """Wait for the save in flight; raise its error."""
@@ -113,14 +112,14 @@ class PSSaver:
 
 
 @torch.no_grad()
-def resume_worker(worker, path: str, group) -> int:
-    """Load the weights into `worker` (and its RNG state, from a checkpoint of this very layout);
-    returns the step to continue from."""
+def resume_worker(replica, index: int, workers: int, path: str, group) -> int:
+    """Load the weights into worker `index`'s (of `workers`) `replica` (and its RNG state, from a
+    checkpoint of this very layout); returns the step to continue from."""
     reader = Reader(resolve(path))
-    fill(reader, pieces(worker.strategy, worker.topo, None, writing=False))
+    fill(reader, pieces(replica.strategy, replica.topo, None, writing=False))
     m, world = reader.manifest, dist.get_world_size(group)
-    if m.layout == _meta(worker.cfg, worker.count, world - worker.count, 0)["layout"]:
-        saved = reader.rng(worker.index)
+    if m.layout == _meta(replica.cfg, workers, world - workers, 0)["layout"]:
+        saved = reader.rng(index)
         if "torch" in saved:
             torch.set_rng_state(saved["torch"])
     return m.step

@@ -18,93 +18,86 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm
-from ringzero.parallel.ps.client import PSClient
 from ringzero.comm.point_to_point import post
+from ringzero.parallel.ps.client import PSClient
 from ringzero.parallel.ps.server import CONTROL, PULLED, PUSHED, ParameterServer
 from ringzero.parallel.topology import Topology
 from ringzero.plan.strategies.param_server import server_ranges
 from ringzero.run.config import TrainConfig
-from ringzero.train.engine import RankResult, Trainer, adam_config
+from ringzero.run.ps_options import ps_config
+from ringzero.run.result import RankResult
 from ringzero.train import ps_checkpoint
 from ringzero.train.checkpointing import due
 from ringzero.train.nonfinite import Streak, kill_if
+from ringzero.train.replica import Replica, adam_config, micro_batches, train_data
+from ringzero.train.step_schedule import GradAccumulation
+from ringzero.train.steps import StepSpan, forward_backward, summarise, validate
 from ringzero.train.straggler import straggle
-from ringzero.run.ps_options import ps_config
-from ringzero.train.step_schedule import StepHooks
 
 
-class PSWorker(Trainer):
-    """A worker: the whole model, no optimizer; gradients out, parameters in."""
+class PSWorker:
+    """A worker: the whole model (a replica alone, `Topology.alone`), no optimizer; gradients out,
+    parameters in."""
 
-    def __init__(self, cfg: TrainConfig, index: int, workers: int, servers: list[int] | None, group,
-                 over_workers: "Members | None") -> None:
-        self.index, self.count, self.over_workers = index, workers, over_workers
-        super().__init__(cfg, Topology.alone())
-        self.client = PSClient(self.strategy.owned_weights(), servers, group) if servers else None
-        real = servers is not None                 # not a server's copy of the layout
-        if real and cfg.resume:
-            self.set_start(ps_checkpoint.resume_worker(self, cfg.resume, group))
-        self.ps_saver = (ps_checkpoint.PSSaver(cfg, index, workers, len(servers), group)
-                         if real and cfg.save_dir else None)
-
-    def _optimizer(self):
-        return None
-
-    def _micro_batches(self, step: int) -> list:
-        c = self.cfg
-        x, y = self.data.batch("train", step, c.global_batch(self.count), self.index, self.count)
-        return list(zip(x.chunk(c.grad_accum), y.chunk(c.grad_accum)))
+    def __init__(self, cfg: TrainConfig, index: int, workers: int, servers: list[int], group,
+                 over_workers: "Members") -> None:
+        self.cfg, self.index, self.count, self.over_workers = cfg, index, workers, over_workers
+        self.replica = Replica(cfg, Topology.alone())
+        self.schedule = GradAccumulation()
+        self.data = train_data(cfg)
+        self.span = StepSpan(cfg.training.steps)
+        self.client = PSClient(self.replica.strategy.owned_weights(), servers, group)
+        if cfg.checkpoint.resume:
+            self.span.set_start(ps_checkpoint.resume_worker(self.replica, index, workers, cfg.checkpoint.resume, group))
+        self.ps_saver = ps_checkpoint.PSSaver(cfg, index, workers, len(servers), group) if cfg.checkpoint.save_dir else None
 
     def _mean_over_workers(self, values: list[float]) -> list[float]:
         """The workers' mean of each of `values`, once, after the last step: averaging every step would
         make the workers wait for each other, which async and ssp must not."""
         t = torch.tensor(values, dtype=torch.float64)
-        if self.over_workers is not None:
-            self.over_workers(t)
+        self.over_workers(t)
         return (t / self.count).tolist()
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        self.model.eval()
-        c = self.cfg
+        model, c = self.replica.model, self.cfg
+        model.eval()
         # The whole validation batch on every worker (data parallelism's ranks share it out): a
         # worker's own view of the model is then measured on the same data as an all-reduce run's.
-        losses = [self.model(x, y).item() for x, y in
-                  (self.data.batch("val", i, c.micro_batch * self.count, 0, 1) for i in range(c.eval_batches))]
-        self.model.train()
+        losses = [model(x, y).item() for x, y in
+                  (self.data.batch("val", i, c.training.micro_batch * self.count, 0, 1) for i in range(c.training.eval_batches))]
+        model.train()
         return sum(losses) / len(losses)        # this worker's; averaged over the workers after the run
 
     def step(self, step: int, res: RankResult) -> tuple[dict[str, float], float]:
+        c, st = self.cfg, self.replica.strategy
         t0 = time.perf_counter()
-        hooks = StepHooks(self.model, measure=step == self.measure_step)
-        losses = self.schedule.run(self.model, self.strategy, self._micro_batches(step), 1.0, hooks)
-        if hooks.saved_bytes is not None:
-            res.activations = hooks.saved_bytes
+        batches = micro_batches(self.data, c, step, c.global_batch(self.count), self.index, self.count)
+        # loss scale 1: a parameter server runs fp32 or bf16 only (`ps_options`), nothing to scale
+        _, losses = forward_backward(self.replica, self.schedule, batches, 1.0, step == self.span.measured, res)
         compute = time.perf_counter() - t0
-        slept = straggle(self.cfg, self.index, compute)
-        grads = self.strategy.reduced_grads()
-        if self.cfg.inject_nonfinite == (self.index, step):
+        slept = straggle(c, self.index, compute)
+        grads = st.reduced_grads()
+        if c.faults.inject_nonfinite == (self.index, step):
             grads[0].view(-1)[0] = float("inf")      # on purpose (`train.nonfinite`)
         blocked, held = self.client.push_pull(grads, step)
-        self.strategy.zero_grad()
+        st.zero_grad()
         return ({"compute": compute + slept, "straggler": slept, "wait": held, "comm": blocked - held},
                 sum(losses) / len(losses))
 
-    def run(self, progress=None, keep_params: bool = False, calibrate: bool = False) -> RankResult:
-        c = self.cfg
+    def run(self, progress=None, keep_params: bool = False) -> RankResult:
+        c, span = self.cfg, self.span
         res = RankResult(rank=self.index, role="worker")
         phases, totals, start = [], [], time.perf_counter()
         own_val = res.val
-        for step in range(self.start, c.steps):
+        for step in range(span.start, c.training.steps):
             kill_if(c, self.index, step)
-            ph, loss = self.timed_step(step, res, totals)
+            ph, loss = span.timed(self.step, step, res, totals)
             if self.ps_saver is not None and due(c, step + 1):
                 self.ps_saver.save_behind(step + 1)       # its RNG; the servers hold the state
             phases.append(ph)
             res.losses.append(loss)
-            if (step + 1) % c.eval_every == 0 or step + 1 == c.steps:
-                res.val.append((step + 1, self.evaluate()))
-                res.val_at_s.append(time.perf_counter() - start)
+            validate(c, step, res, self.evaluate, start)
             if progress is not None:
                 progress(step, res)
         self.client.stop()
@@ -114,10 +107,13 @@ class PSWorker(Trainer):
         means = self._mean_over_workers(res.losses + [v for _, v in res.val])
         n = len(res.losses)
         res.losses, res.val = means[:n], [(s, v) for (s, _), v in zip(res.val, means[n:])]
-        self.summarise(res, totals, phases)
+        summarise(res, totals, phases, self.replica.strategy)
         res.ps.update(waits=[p["wait"] for p in phases], computes=[p["compute"] for p in phases],
                       comms=[p["comm"] for p in phases])
-        return self.finish(res, keep_params)
+        if keep_params:
+            res.params = self.replica.full_params()
+        self.replica.close()
+        return res
 
 
 class Members:
@@ -162,15 +158,15 @@ def train_ps_rank(cfg: TrainConfig, group=None, progress=None, keep_params: bool
     side = Members(list(range(ps.workers)) if me < ps.workers else servers, group)
     if me < ps.workers:
         return PSWorker(cfg, me, ps.workers, servers, group, side).run(progress, keep_params)
-    layout = PSWorker(cfg, 0, ps.workers, None, group, None)   # the same model, for its initial values
+    layout = Replica(cfg, Topology.alone())         # the workers' model, for its initial values
     flat = torch.cat([w.detach().reshape(-1) for w in layout.strategy.owned_weights()])
     lo, hi = server_ranges(flat.numel(), ps.servers)[me - ps.workers]
     server = ParameterServer(flat[lo:hi].clone(), ps, adam_config(cfg), range(ps.workers), group,
-                             cfg.grad_accum, cfg.lr_at, side if ps.servers > 1 else None, Streak(cfg.max_nonfinite))
-    if cfg.resume:
-        ps_checkpoint.resume_server(server, layout.strategy, lo, hi, cfg.resume)
+                             cfg.training.grad_accum, cfg.lr_at, side if ps.servers > 1 else None, Streak(cfg.faults.max_nonfinite))
+    if cfg.checkpoint.resume:
+        ps_checkpoint.resume_server(server, layout.strategy, lo, hi, cfg.checkpoint.resume)
     hooks = [lambda clock: kill_if(cfg, me, clock)]     # a server "begins" step k once its clock is k
-    if cfg.save_dir:
+    if cfg.checkpoint.save_dir:
         saver = ps_checkpoint.PSSaver(cfg, me, ps.workers, ps.servers, group)
         hooks.insert(0, saver.after_update(server, layout.strategy, lo, hi))
     server.after_update = lambda clock: [hook(clock) for hook in hooks]

@@ -8,11 +8,11 @@ from ringzero.run.config import TrainConfig
 
 
 def straggle(cfg: TrainConfig, rank: int, compute_s: float) -> float:
-    """The injected straggler (`cfg.straggler` = (rank, factor)): on that rank, sleep (factor - 1)
+    """The injected straggler (`cfg.faults.straggler` = (rank, factor)): on that rank, sleep (factor - 1)
     times the step's compute so that it takes factor times as long, without using a core (other
     ranks share them). Returns the seconds slept."""
-    if cfg.straggler is None or cfg.straggler[0] != rank:
+    if cfg.faults.straggler is None or cfg.faults.straggler[0] != rank:
         return 0.0
-    extra = (cfg.straggler[1] - 1.0) * compute_s
+    extra = (cfg.faults.straggler[1] - 1.0) * compute_s
     time.sleep(extra)
     return extra

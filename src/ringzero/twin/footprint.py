@@ -1,7 +1,10 @@
 """Host memory a local training run needs, checked against what the machine has before ranks start.
 
 Per rank: the process itself (Python, torch and a gloo group: 220 MiB resident measured on the
-development machine right after `import torch` and joining the group, `PROCESS_BYTES` rounds it up
+development machine right after `import torch` and joining the group, as `python -c "import torch,
+torch.distributed as d; d.init_process_group('gloo', init_method='tcp://127.0.0.1:29531', rank=0,
+world_size=1); print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0], 'kB')"`
+prints; `PROCESS_BYTES` rounds it up
 for the data and the allocator's slack), the model states the planner predicts for this rank
 (ZeRO formulas, `twin.predict.states`), and twice the activations one micro-batch saves for
 backward (the saved tensors, and the gradients of the same size that backward creates while it

@@ -31,12 +31,12 @@ def _members(cfg: TrainConfig, world: int, group: str, rank: int) -> tuple[int, 
 
 
 def _p2p(cfg: TrainConfig, world: int, rank: int, node) -> tuple[int, int]:
-    if cfg.pp == 1:
+    if cfg.parallel.pp == 1:
         return 0, 0
     pl = cfg.placement(world)
     at = pl.coords(rank)
-    nxt = pl.rank(tp=at["tp"], dp=at["dp"], pp=(at["pp"] + 1) % cfg.pp)
-    prev = pl.rank(tp=at["tp"], dp=at["dp"], pp=(at["pp"] - 1) % cfg.pp)
+    nxt = pl.rank(tp=at["tp"], dp=at["dp"], pp=(at["pp"] + 1) % cfg.parallel.pp)
+    prev = pl.rank(tp=at["tp"], dp=at["dp"], pp=(at["pp"] - 1) % cfg.parallel.pp)
     n, size = pipe._messages(cfg, at["pp"]), pipe.boundary_numel(cfg) * cfg.value_bytes
     far_next, far_prev = node(nxt) != node(rank), node(prev) != node(rank)
     sent = size * (n["activations_sent"] * far_next + n["gradients_sent"] * far_prev)
@@ -47,7 +47,7 @@ def _p2p(cfg: TrainConfig, world: int, rank: int, node) -> tuple[int, int]:
 def cross_node(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0,
                sp_elements: int | None = None) -> dict[str, int]:
     """{"cross_node_bytes_sent", "cross_node_bytes_recv"} of `rank` in one step."""
-    rpn = cfg.ranks_per_node
+    rpn = cfg.parallel.ranks_per_node
     if rpn is None:
         return {"cross_node_bytes_sent": 0, "cross_node_bytes_recv": 0}
     sent, recv = _p2p(cfg, world, rank, lambda r: r // rpn)

@@ -28,8 +28,8 @@ def predict_offload(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, b
     s = cfg.sharding
     shards = [(shard_numel(n, dp), root) for n, root in buckets]
     updated = optimizer_shards(cfg, world, buckets)
-    wb, count = cfg.value_bytes, cfg.offload_buffers
-    opt, params = OffloadDevice(cfg.offload_optimizer), OffloadDevice(cfg.offload_params)
+    wb, count = cfg.value_bytes, cfg.zero.offload_buffers
+    opt, params = OffloadDevice(cfg.zero.offload_optimizer), OffloadDevice(cfg.zero.offload_params)
     offloaded = params is not OffloadDevice.NONE and s.shard_params
     return {
         "optimizer": plan.placement(opt, updated, wb, count, DEFAULT_BUFFER_NUMEL).as_dict(),
@@ -38,7 +38,7 @@ def predict_offload(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, b
         "disk_io": {
             "optimizer": plan.io_per_step(opt, updated, DEFAULT_BUFFER_NUMEL),
             "params": plan.param_io_per_step(params if offloaded else OffloadDevice.NONE, shards, wb,
-                                             cfg.grad_accum),
+                                             cfg.training.grad_accum, secondary="hpz" in cfg.zero.zeropp),
         },
     }
 
@@ -60,13 +60,13 @@ def offload_needs(cfg, world: int) -> tuple[int, int]:
         local = predict.local_params(cfg, world, rank)
         dp = cfg.placement(world).dp
         shard = shard_numel(local, dp)
-        if cfg.offload_optimizer != "none":
-            p = plan.placement(plan.OffloadDevice(cfg.offload_optimizer), [shard], cfg.value_bytes,
-                               cfg.offload_buffers, plan.DEFAULT_BUFFER_NUMEL)
+        if cfg.zero.offload_optimizer != "none":
+            p = plan.placement(plan.OffloadDevice(cfg.zero.offload_optimizer), [shard], cfg.value_bytes,
+                               cfg.zero.offload_buffers, plan.DEFAULT_BUFFER_NUMEL)
             host, disk = host + p.host, disk + (p.disk + 12 * plan.ALIGN_BYTES if p.disk else 0)
-        if cfg.offload_params != "none":
-            p = plan.param_placement(plan.OffloadDevice(cfg.offload_params), [shard], cfg.value_bytes,
-                                     cfg.offload_buffers)
+        if cfg.zero.offload_params != "none":
+            p = plan.param_placement(plan.OffloadDevice(cfg.zero.offload_params), [shard], cfg.value_bytes,
+                                     cfg.zero.offload_buffers)
             host, disk = host + p.host, disk + p.disk
     return host, disk
 

@@ -21,45 +21,45 @@ def stage_of(cfg: TrainConfig, world: int, rank: int) -> int:
 
 def params(cfg: TrainConfig, stage: int) -> int:
     """Parameters one tp rank of `stage` holds."""
-    return stage_params(cfg.shape, cfg.tp, stage, cfg.pp, cfg.virtual_stages)
+    return stage_params(cfg.shape, cfg.parallel.tp, stage, cfg.parallel.pp, cfg.parallel.virtual_stages)
 
 
 def inflight(cfg: TrainConfig, stage: int) -> int:
     """Chunk micro-batches `stage` holds at its peak."""
-    return pipeline.inflight(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
+    return pipeline.inflight(stage, cfg.parallel.pp, cfg.training.grad_accum, cfg.parallel.schedule, cfg.parallel.virtual_stages)
 
 
 def chunk_activations(cfg: TrainConfig, per_layer: float, head: float) -> list[float]:
     """Bytes one micro-batch's forward saves in each global chunk: its blocks, plus the head and
     loss in the last (`per_layer`, `head`: `predict.activations`' terms)."""
-    ranges = chunk_layers(cfg.shape, cfg.pp * cfg.virtual_stages)
+    ranges = chunk_layers(cfg.shape, cfg.parallel.pp * cfg.parallel.virtual_stages)
     return [len(r) * per_layer + (head if g == len(ranges) - 1 else 0.0) for g, r in enumerate(ranges)]
 
 
 def peak_activations(cfg: TrainConfig, stage: int, per_layer: float, head: float) -> float:
     """The most bytes of saved activations `stage` holds at once over its schedule."""
-    return pipeline.held_at_peak(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages,
+    return pipeline.held_at_peak(stage, cfg.parallel.pp, cfg.training.grad_accum, cfg.parallel.schedule, cfg.parallel.virtual_stages,
                                  chunk_activations(cfg, per_layer, head))
 
 
 def boundary_numel(cfg: TrainConfig) -> int:
     """Elements a tp rank sends per message: (b, s, h)/t (scatter/gather, or sequence parallelism's shard)."""
-    return pipeline.message_numel(cfg.micro_batch, cfg.shape.seq, cfg.shape.hidden, cfg.tp)
+    return pipeline.message_numel(cfg.training.micro_batch, cfg.shape.seq, cfg.shape.hidden, cfg.parallel.tp)
 
 
 def boundary_bytes(cfg: TrainConfig) -> int:
     """Bytes over one stage boundary per step, both ways, per tp rank: 2·m·b·s·h·bytes / t."""
     m = cfg.shape
-    return pipeline.boundary_bytes(cfg.grad_accum, cfg.micro_batch, m.seq, m.hidden, cfg.value_bytes, cfg.tp)
+    return pipeline.boundary_bytes(cfg.training.grad_accum, cfg.training.micro_batch, m.seq, m.hidden, cfg.value_bytes, cfg.parallel.tp)
 
 
 def _messages(cfg: TrainConfig, stage: int) -> dict[str, int]:
-    return pipeline.messages(stage, cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
+    return pipeline.messages(stage, cfg.parallel.pp, cfg.training.grad_accum, cfg.parallel.schedule, cfg.parallel.virtual_stages)
 
 
 def p2p_traffic(cfg: TrainConfig, stage: int) -> dict[str, int]:
     """Bytes `stage` sends and receives point-to-point per step."""
-    if cfg.pp == 1:
+    if cfg.parallel.pp == 1:
         return {"bytes_sent": 0, "bytes_recv": 0}
     n, size = _messages(cfg, stage), boundary_numel(cfg) * cfg.value_bytes
     return {"bytes_sent": (n["activations_sent"] + n["gradients_sent"]) * size,
@@ -71,51 +71,51 @@ def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]
     its blocks', the embedding's on the first stage, the head's and loss's on the last, and under
     scatter/gather an all-gather of each activation and gradient that arrives (without a pipeline:
     the whole model's; `plan.strategies.tensor_parallel.collectives`)."""
-    first, last = stage == 0, stage == cfg.pp - 1
-    layers = stage_layers(cfg.shape, stage, cfg.pp, cfg.virtual_stages)
-    out = [(c, n, 4 if "fp32" in what else cfg.value_bytes, k * cfg.grad_accum)
-           for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.micro_batch, cfg.tp,
-                                                            sequence_parallel=cfg.sequence_parallel,
-                                                            recompute=cfg.recompute, layers=layers,
+    first, last = stage == 0, stage == cfg.parallel.pp - 1
+    layers = stage_layers(cfg.shape, stage, cfg.parallel.pp, cfg.parallel.virtual_stages)
+    out = [(c, n, 4 if "fp32" in what else cfg.value_bytes, k * cfg.training.grad_accum)
+           for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.training.micro_batch, cfg.parallel.tp,
+                                                            sequence_parallel=cfg.parallel.sequence_parallel,
+                                                            recompute=cfg.training.recompute, layers=layers,
                                                             first=first, last=last)]
-    if not cfg.sequence_parallel:
+    if not cfg.parallel.sequence_parallel:
         n = _messages(cfg, stage)
         arrivals = n["activations_received"] + n["gradients_received"]
         if arrivals:
-            out.append(("all_gather", boundary_numel(cfg) * cfg.tp, cfg.value_bytes, arrivals))
+            out.append(("all_gather", boundary_numel(cfg) * cfg.parallel.tp, cfg.value_bytes, arrivals))
     return out
 
 
 def embedding_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, int]]:
     """The tied embedding's gradient sum between the first and last stage (one tp rank's slice)."""
-    if cfg.pp == 1 or stage not in (0, cfg.pp - 1):
+    if cfg.parallel.pp == 1 or stage not in (0, cfg.parallel.pp - 1):
         return []
     m = cfg.shape
-    return [("all_reduce", tensor_parallel.padded_vocab(m.vocab, cfg.tp) * m.hidden // cfg.tp, cfg.value_bytes, 1)]
+    return [("all_reduce", tensor_parallel.padded_vocab(m.vocab, cfg.parallel.tp) * m.hidden // cfg.parallel.tp, cfg.value_bytes, 1)]
 
 
 def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:
     """Whether `attention="sdpa"` keeps no s x s tensor (CPU: only without dropout)."""
-    return cfg.attention == "sdpa" and (cuda or cfg.dropout == 0)
+    return cfg.model.attention == "sdpa" and (cuda or cfg.model.dropout == 0)
 
 
 def activation_terms(cfg: TrainConfig, cuda: bool = False) -> tuple[float, float]:
     """(bytes one block saves per micro-batch, bytes the embedding, head and loss save), as
     `predict.activations` counts them."""
-    m, t, sp = cfg.shape, cfg.tp, cfg.sequence_parallel
+    m, t, sp = cfg.shape, cfg.parallel.tp, cfg.parallel.sequence_parallel
     p = cfg.value_bytes
-    mask, dropout = (1 if cuda else p), cfg.dropout > 0
-    per_layer = act.layer_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, dropout=dropout,
-                                flash=fused_attention(cfg, cuda), recompute=cfg.recompute, mask_bytes=mask,
+    mask, dropout = (1 if cuda else p), cfg.model.dropout > 0
+    per_layer = act.layer_bytes(m, cfg.training.micro_batch, m.seq, value_bytes=p, dropout=dropout,
+                                flash=fused_attention(cfg, cuda), recompute=cfg.training.recompute, mask_bytes=mask,
                                 tp=t, sp=sp, sp_keeps_gathered=True)
-    head = act.head_bytes(m, cfg.micro_batch, m.seq, value_bytes=p, tp=t, sp=sp, dropout=dropout,
+    head = act.head_bytes(m, cfg.training.micro_batch, m.seq, value_bytes=p, tp=t, sp=sp, dropout=dropout,
                           mask_bytes=mask, vocab=tensor_parallel.padded_vocab(m.vocab, t))
     return per_layer, head
 
 
 def bubble(cfg: TrainConfig) -> float:
     """The planner's idle fraction of a step: (p-1)/(m+p-1), interleaved (p-1)/(v·m+p-1)."""
-    return pipeline.bubble_fraction(cfg.pp, cfg.grad_accum, cfg.schedule, cfg.virtual_stages)
+    return pipeline.bubble_fraction(cfg.parallel.pp, cfg.training.grad_accum, cfg.parallel.schedule, cfg.parallel.virtual_stages)
 
 
 def measured_bubble(timelines: list[list[list[tuple]]]) -> float | None:

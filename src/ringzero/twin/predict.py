@@ -20,7 +20,7 @@ from ringzero.comm.config import get_config
 from ringzero.plan.comm.algorithms import for_collective
 from ringzero.plan.strategies import tensor_parallel
 from ringzero.plan.strategies import zeropp
-from ringzero.plan.comm.volume import call_for, formula, volume
+from ringzero.plan.comm.volume import Volume, call_for, formula, volume
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.strategies.memory import model_states, state_bytes
 from ringzero.plan.model.shapes import ModelShape
@@ -36,12 +36,12 @@ def plan_inputs(cfg: TrainConfig, world: int) -> tuple[ModelShape, Training, Par
     Megatron-LM's: full recomputation through torch's non-reentrant checkpoint, which stops before
     a block's last tensor-parallel reduction (`plan.strategies.tensor_parallel.layer_collectives`)."""
     pl = cfg.placement(world)
-    tr = Training(micro_batch=cfg.micro_batch, global_batch=cfg.global_batch(world),
-                  precision=cfg.precision, optimizer="adam", dropout=cfg.dropout > 0)
-    par = Parallel(dp=pl.dp, tp=pl.tp, pp=pl.pp, sequence_parallel=cfg.sequence_parallel, zero=cfg.sharding.zero,
-                   recompute=cfg.recompute, recompute_replay="early-stop", flash_attention=fused_attention(cfg),
-                   bucket_mb=cfg.bucket_mb, schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
-                   offload=cfg.offload_optimizer)
+    tr = Training(micro_batch=cfg.training.micro_batch, global_batch=cfg.global_batch(world),
+                  precision=cfg.optim.precision, optimizer="adam", dropout=cfg.model.dropout > 0)
+    par = Parallel(dp=pl.dp, tp=pl.tp, pp=pl.pp, sequence_parallel=cfg.parallel.sequence_parallel, zero=cfg.sharding.zero,
+                   recompute=cfg.training.recompute, recompute_replay="early-stop", flash_attention=fused_attention(cfg),
+                   bucket_mb=cfg.parallel.bucket_mb, schedule=cfg.parallel.schedule, virtual_stages=cfg.parallel.virtual_stages,
+                   offload=cfg.zero.offload_optimizer, prefetch=cfg.zero.prefetch)
     return cfg.shape, tr, par
 
 
@@ -50,7 +50,7 @@ def activations(cfg: TrainConfig, cuda: bool = False, stage: int | None = None) 
     head; 1/t of the split tensors under tensor parallelism); with `stage` under a pipeline, the most
     that stage holds at once over its schedule."""
     per_layer, head = pipe.activation_terms(cfg, cuda)
-    if stage is not None and cfg.pp > 1:
+    if stage is not None and cfg.parallel.pp > 1:
         return pipe.peak_activations(cfg, stage, per_layer, head)
     return cfg.shape.layers * per_layer + head
 
@@ -60,8 +60,8 @@ def states(cfg: TrainConfig, world: int, rank: int = 0) -> dict[str, float]:
     parameters its pipeline stage holds."""
     m, tr, par = plan_inputs(cfg, world)
     p, g, o, _ = model_states(local_params(cfg, world, rank), state_bytes(tr.precision, tr.optimizer),
-                              dp=par.dp, zero=par.zero, offload=cfg.offload_optimizer)
-    if cfg.offload_params != "none":          # ZeRO-3's shards live in the parameter store between steps
+                              dp=par.dp, zero=par.zero, offload=cfg.zero.offload_optimizer)
+    if cfg.zero.offload_params != "none":          # ZeRO-3's shards live in the parameter store between steps
         p = 0
     return {"params": p, "grads": g, "optimizer": o}
 
@@ -75,13 +75,13 @@ def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list
     """The data-parallel collectives of one step on `world` ranks: (collective, elements, itemsize,
     times) for `buckets` of (elements, is the ZeRO-3 root), from the strategy's schedule
     (`plan.strategies.sharding`), on the dp group."""
-    return cfg.sharding.calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.grad_accum)
+    return cfg.sharding.calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.training.grad_accum)
 
 
 def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:
     """The tensor-parallel collectives of one step inside forward and backward, on the tp group
     (a pipeline stage's: its blocks, and the embedding's or head's where it holds them)."""
-    return pipe.tp_calls(cfg, stage) if cfg.tp > 1 else []
+    return pipe.tp_calls(cfg, stage) if cfg.parallel.tp > 1 else []
 
 
 def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) -> list[tuple[str, int, int, int]]:
@@ -89,10 +89,10 @@ def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) 
     this rank owns of the LayerNorm and bias gradients (`sp_elements`, from the bucket layout as
     `TensorParallelGrads.partial_elements`; None: 1/dp of them under ZeRO, all otherwise) and the
     norm's sum."""
-    if cfg.tp == 1:
+    if cfg.parallel.tp == 1:
         return []
     out = []
-    if cfg.sequence_parallel:
+    if cfg.parallel.sequence_parallel:
         share = cfg.placement(world).dp if cfg.sharding.shard_optimizer else 1
         n = tensor_parallel.partial_grad_params(cfg.shape) // share if sp_elements is None else sp_elements
         out += [("all_reduce", n, cfg.value_bytes, 1)] if n else []
@@ -112,7 +112,7 @@ def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
     gradient sum ("embedding") and the norm's sum over the stages ("pp_step")."""
     pl = cfg.placement(world)
     stage = pl.coords(rank)["pp"]
-    out = zeropp_calls(cfg, world, buckets) if cfg.zeropp else [("dp", pl.dp, calls(cfg, world, buckets))]
+    out = zeropp_calls(cfg, world, buckets) if cfg.zero.zeropp else [("dp", pl.dp, calls(cfg, world, buckets))]
     out += [("tp", pl.tp, tp_calls(cfg, stage)),
            ("tp_step", pl.tp, tp_step_calls(cfg, world, sp_elements))]
     if pl.pp > 1:
@@ -123,7 +123,7 @@ def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
 def zeropp_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, list]]:
     """ZeRO++'s (group, its ranks, calls of one step) on the dp group and its node blocks (`plan.strategies.zeropp`)."""
     zpp, dp = zero_options.zeropp(cfg, world), cfg.placement(world).dp
-    every = zeropp.calls(zpp, buckets, dp, cfg.value_bytes, cfg.grad_accum)
+    every = zeropp.calls(zpp, buckets, dp, cfg.value_bytes, cfg.training.grad_accum)
     sizes = {"dp": dp, "dp_node": zpp.partition, "dp_cross": zpp.blocks(dp)}
     return [(g, n, [c[1:] for c in every if c[0] == g]) for g, n in sizes.items()]
 
@@ -140,14 +140,14 @@ def _index(cfg: TrainConfig, world: int, group: str, rank: int) -> int:
 def node_size(cfg: TrainConfig, n: int) -> int:
     """Ranks per node in a group of `n` as the run's collectives see it: the run's `ranks_per_node`
     (its ranks run under `comm.configure(ranks_per_node=...)`), else the comm config's."""
-    return max(1, min(cfg.ranks_per_node, n)) if cfg.ranks_per_node else get_config().node_size(n)
+    return max(1, min(cfg.parallel.ranks_per_node, n)) if cfg.parallel.ranks_per_node else get_config().node_size(n)
 
 
 def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> str:
     """The algorithm a collective runs: the configured one mapped to `collective` as
     `ShardingConfig.algorithm_for` does (the tp groups': `TrainConfig.tp_algorithm`), or what "auto"
     picks ("torch" stays "torch")."""
-    algo = for_collective(cfg.comm_algorithm, collective) if group in DP_GROUPS else cfg.tp_algorithm
+    algo = for_collective(cfg.parallel.comm_algorithm, collective) if group in DP_GROUPS else cfg.parallel.tp_algorithm
     return select.choose(collective, n, nbytes, node_size(cfg, n)) if algo == "auto" else algo
 
 
@@ -157,16 +157,13 @@ def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank:
     "torch", the backend's own collective, as its ring twin `plan.comm.volume.BACKEND_TWIN`, which
     the traffic meter cannot see): every group's collectives (`grouped_calls`) and a pipeline
     stage's point-to-point messages."""
-    p2p = pipe.p2p_traffic(cfg, cfg.placement(world).coords(rank)["pp"])
-    sent, recv = p2p["bytes_sent"], p2p["bytes_recv"]
+    total = Volume(**pipe.p2p_traffic(cfg, cfg.placement(world).coords(rank)["pp"]))
     for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank):
         rpn, r = node_size(cfg, n), _index(cfg, world, group, rank)
         for collective, count, size, times in group_calls:
             algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
-            v = volume(call_for(collective, algo, n, count, size, ranks_per_node=rpn), r)
-            sent += times * v.bytes_sent
-            recv += times * v.bytes_recv
-    return {"bytes_sent": sent, "bytes_recv": recv}
+            total += times * volume(call_for(collective, algo, n, count, size, ranks_per_node=rpn), r)
+    return {"bytes_sent": total.bytes_sent, "bytes_recv": total.bytes_recv}
 
 
 def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],

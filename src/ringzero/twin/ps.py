@@ -43,7 +43,8 @@ def waits(workers: list[RankResult]) -> tuple[list[float], list[float]]:
     """(predicted, measured) seconds each worker waits for the others per step (sync's model).
     Not in the model: the server answers a step's workers one after another, so a later worker
     starts its next step one reply later and the ones before it wait that much more (a few ms on
-    loopback for nano: measured runs a few per cent above a small imbalance)."""
+    loopback for nano: measured runs a few per cent above a small imbalance, in the wait twins of
+    `ringzero train --nproc 4 --strategy ps --servers 2 --steps 60`)."""
     computes = [statistics.median(_steady(w.ps["computes"])) for w in workers]
     return wait_seconds(computes), [statistics.median(_steady(w.ps["waits"])) for w in workers]
 
@@ -53,9 +54,9 @@ def step_twin(cfg: TrainConfig, workers: list[RankResult], servers: list[RankRes
     planner assumes): the slowest worker's compute, the pulls through the busier link and the last
     worker's push (`comm_seconds` "staggered": the engine answers once a step's pushes are applied,
     one worker after another), and the server's update (measured on the server, as the all-reduce twin's optimizer is probed)."""
-    if cfg.ps_mode != "sync" or cfg.emulate_inter_node is None or cfg.ranks_per_node != 1:
+    if cfg.ps.ps_mode != "sync" or cfg.parallel.emulate_inter_node is None or cfg.parallel.ranks_per_node != 1:
         return []
-    gbps, latency_us = cfg.emulate_inter_node
+    gbps, latency_us = cfg.parallel.emulate_inter_node
     compute = max(statistics.median(_steady(w.ps["computes"])) for w in workers)
     update = max(statistics.median(_steady(s.ps["update_s"])) for s in servers)
     args = (numel, cfg.value_bytes, len(workers), len(servers))
@@ -76,12 +77,12 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     rows = [Twin("push bytes per worker per step", push, max(_op(w, "ps/push", "bytes_sent") for w in workers), "bytes"),
             Twin("pull bytes per worker per step", pull, max(_op(w, "ps/pull", "bytes_recv") for w in workers), "bytes"),
             Twin("bytes into the busiest server per step", max(ingress),
-                 max(_op(s, "ps/push", "bytes_recv") for s in servers) / cfg.steps, "bytes"),
+                 max(_op(s, "ps/push", "bytes_recv") for s in servers) / cfg.training.steps, "bytes"),
             Twin("parameters and optimizer states held by the busiest server",
                  max(server_state_bytes(numel, cfg.value_bytes, len(servers))),
                  max(s.held["params"] + s.held["optimizer"] for s in servers), "bytes")]
     rows += step_twin(cfg, workers, servers, numel)
-    if cfg.ps_mode == "sync" and cfg.straggler is not None and len(workers) > 1:
+    if cfg.ps.ps_mode == "sync" and cfg.faults.straggler is not None and len(workers) > 1:
         predicted, measured = waits(workers)
         i = max(range(len(workers)), key=lambda k: predicted[k])      # the most waiting worker
         rows.append(Twin(f"waiting for the straggler (worker {i}, per step)", predicted[i], measured[i], "s"))
@@ -116,8 +117,8 @@ def render(cfg: TrainConfig, world: int, results: list[RankResult], console) -> 
     workers, servers = split(results)
     numel = sum(n for n, _ in workers[0].buckets)
     eps = imbalance(server_ranges(numel, len(servers)))
-    table = Table(title=f"parameter server, {cfg.ps_mode}"
-                        + (f" S={cfg.staleness}" if cfg.ps_mode == "ssp" else "")
+    table = Table(title=f"parameter server, {cfg.ps.ps_mode}"
+                        + (f" S={cfg.ps.staleness}" if cfg.ps.ps_mode == "ssp" else "")
                         + f": {len(workers)} workers, {len(servers)} servers (range imbalance ε = {eps:.2e}); "
                           "medians of steady steps, servers over the run")
     for col in ("rank", "role", "compute", "waiting (predicted)", "communication", "staleness mean / max"):

@@ -21,7 +21,9 @@ def pooled_flops(points_by_rank: list[list[dict]], point: int | None = None) -> 
     every rank has every turn, while at a handful of probe points one rank may draw the lone core
     most times. Measured on 3 ranks of 2 cores (ZeRO-3, bf16 and fp32), the busiest rank's own rate
     put compute 14-55 % below the run, the pooled median within 15 %; on 2 and 4 ranks both were
-    within 7 %."""
+    within 7 % (the compute twin of `ringzero train --nproc 3 --strategy zero3 --precision bf16
+    --steps 40`, then `--precision fp32`, `--nproc 2`, `--nproc 4`; the busiest rank's figure with
+    its own rate returned here in place of the pooled median)."""
     return statistics.median(p["flops"] for points in points_by_rank
                              for p in (points if point is None else points[point:point + 1]))
 

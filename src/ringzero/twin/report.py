@@ -16,7 +16,6 @@ step lasts as long as its), whose extra compute is its own row.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import statistics
@@ -44,9 +43,9 @@ ERROR_DEFINITION = (
 
 
 def _busiest(results: list[RankResult], cfg: TrainConfig | None = None) -> RankResult:
-    """The rank the table shows: the injected straggler (`cfg.straggler`), else the slowest step's."""
-    if cfg is not None and cfg.straggler is not None:
-        return next((r for r in results if r.rank == cfg.straggler[0]), max(results, key=lambda r: r.step_time))
+    """The rank the table shows: the injected straggler (`cfg.faults.straggler`), else the slowest step's."""
+    if cfg is not None and cfg.faults.straggler is not None:
+        return next((r for r in results if r.rank == cfg.faults.straggler[0]), max(results, key=lambda r: r.step_time))
     return max(results, key=lambda r: r.step_time)
 
 
@@ -84,7 +83,7 @@ def probe_summary(cfg: TrainConfig, world: int, results: list[RankResult]) -> di
         spread["measured_step"] = _stats(res.step_times)
     cost = sum(p["cost_s"] for p in points)
     return {"points": points, "spread": spread, "cost_s": cost,
-            "cost_fraction": cost / (cfg.steps * res.step_time) if res.step_time else 0.0}
+            "cost_fraction": cost / (cfg.training.steps * res.step_time) if res.step_time else 0.0}
 
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
@@ -97,18 +96,19 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     tokens = cfg.global_batch(world) * cfg.shape.seq
     rows = [Twin(f"{name} held", max(s[key] for s in states), max(r.held[key] for r in results), "bytes")
             for name, key in (("parameters", "params"), ("gradients", "grads"), ("optimizer states", "optimizer"))]
-    if cfg.pp == 1:
+    if cfg.parallel.pp == 1:
         rows.append(Twin("activations saved (one micro-batch)", predict.activations(cfg),
                          max(r.activations for r in results), "bytes"))
     if world > 1:
-        opaque = cfg.comm_algorithm == "torch"      # predicted as the backend's ring, not metered
+        opaque = cfg.parallel.comm_algorithm == "torch"      # predicted as the backend's ring, not metered
         rows += [Twin("bytes sent per step", max(s["bytes_sent"] for s in sent),
                       None if opaque else max(total_sent), "bytes"),
                  Twin("bytes received per step", max(s["bytes_recv"] for s in sent),
                       None if opaque else max(total_recv), "bytes")]
     rows += report_zero.link_twins(cfg, world, results) + report_zero.zeropp_twins(cfg, world, results) \
+        + report_zero.gathered_twins(cfg, world, results) \
         + report_zero.offload_twins(cfg, world, results)
-    if cfg.pp > 1:
+    if cfg.parallel.pp > 1:
         rows += pipeline_twins(cfg, world, results)
     rows += report_wait.twins(cfg, world, results)
     rows += phase_twins(cfg, busiest, steps)
@@ -129,12 +129,12 @@ def phase_twins(cfg: TrainConfig, r: RankResult, steps: dict[str, float]) -> lis
     measured step."""
     ph = r.phases
     rows = [Twin("compute per step", steps["compute"], ph["forward"] + ph["backward"], "s")]
-    if cfg.straggler is not None:
-        rows.append(Twin(f"straggler's extra compute per step (rank {cfg.straggler[0]}; every rank's step "
+    if cfg.faults.straggler is not None:
+        rows.append(Twin(f"straggler's extra compute per step (rank {cfg.faults.straggler[0]}; every rank's step "
                          f"waits for it)", steps["straggler"], ph.get("straggler", 0.0), "s"))
     rows += [Twin("exposed communication per step", steps["comm"], ph["comm"], "s"),
              Twin("optimizer per step", steps["optimizer"], ph["optimizer"], "s")]
-    if cfg.pp > 1:
+    if cfg.parallel.pp > 1:
         rows.append(Twin("pipeline wait per step", steps["bubble"], ph["pipeline_wait"], "s"))
     return rows + [Twin(REST, 0.0, r.step_time - sum(t.measured for t in rows), "s")]
 
@@ -152,7 +152,7 @@ def pipeline_twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> l
     the micro-batches and activation bytes held at the peak and the parameters held."""
     stages = _stage_ranks(cfg, world, results)
     p2p = sum(r.traffic.get("ops", {}).get("send_recv/p2p", {}).get("bytes_sent", 0) for r in stages)
-    boundaries = cfg.pp * cfg.virtual_stages - 1
+    boundaries = cfg.parallel.pp * cfg.parallel.virtual_stages - 1
     sent = [(pipe.p2p_traffic(cfg, r.stage)["bytes_sent"],
              r.traffic.get("ops", {}).get("send_recv/p2p", {}).get("bytes_sent", 0)) for r in stages]
     rows = [Twin("pipeline bytes per stage boundary", pipe.boundary_bytes(cfg), p2p / boundaries, "bytes"),
@@ -176,8 +176,8 @@ def header(cfg: TrainConfig, world: int, results: list[RankResult]) -> dict:
     (the number of steps before the first of them: 0, or a resumed run's checkpoint step, so
     losses[i] is step first_step + i + 1's) and "val" ([{"step", "loss"}], steps counted from 1)."""
     r0 = results[0]
-    return {"schema": SCHEMA, "config": dataclasses.asdict(cfg), "world": world,
-            "first_step": cfg.steps - len(r0.losses), "losses": r0.losses,
+    return {"schema": SCHEMA, "config": cfg.as_dict(), "world": world,
+            "first_step": cfg.training.steps - len(r0.losses), "losses": r0.losses,
             "val": [{"step": s, "loss": v} for s, v in r0.val]}
 
 
@@ -212,10 +212,10 @@ def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[
 
 def _pipeline_json(cfg: TrainConfig, world: int, results: list[RankResult]) -> dict | None:
     """The measured schedule of the last steady step, stage by stage (what `--pipeline-plot` draws)."""
-    if cfg.pp == 1:
+    if cfg.parallel.pp == 1:
         return None
     stages = _stage_ranks(cfg, world, results)
-    return {"schedule": cfg.schedule, "virtual_stages": cfg.virtual_stages, "micro_batches": cfg.grad_accum,
+    return {"schedule": cfg.parallel.schedule, "virtual_stages": cfg.parallel.virtual_stages, "micro_batches": cfg.training.grad_accum,
             "idle_fraction": {"predicted": pipe.bubble(cfg),
                               "measured": pipe.measured_bubble([r.timelines for r in stages])},
             "timeline": [[{"kind": k, "micro": mb, "chunk": c, "start": t0, "end": t1}

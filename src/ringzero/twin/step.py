@@ -20,7 +20,9 @@ changed during the run shows there.
   `probe_tp`: with more ranks than cores a tp group waits in them for a peer that has no core). Why
   a probe and not the α-β-γ model alone: the model's constants come from a separate calibration (or
   its defaults) on a machine that may have been quiet then and is loaded now (under load here, every
-  probed call took about 4 ms whatever its size: one tick of this 250 Hz kernel's scheduler), and
+  probed call took about 4 ms whatever its size: one tick of this 250 Hz kernel's scheduler; the
+  JSON's `probe` seconds per call of `ringzero train --nproc 4 --strategy zero2 --steps 20
+  --json-report out/probe.json`, run beside another job that keeps every core busy), and
   from fp32 buffers, while a 16-bit reduction on a CPU runs at another speed; the probe times the
   real call under the run's load. It is still a prediction: the probe times each call alone, and the
   planner's counts say how many of each a step makes. Why no overlap is credited: the ranks share
@@ -85,9 +87,9 @@ def tp_in_step_ratio(cfg: TrainConfig, rates: dict) -> float:
     alone: a layer's collectives in the probe's tp pass (`probe_tp`, every group at once) over the
     same collectives each timed alone. The embedding's, head's and loss's are the same rendezvous of
     the same group, so they are priced at the layers' ratio."""
-    bsh = cfg.micro_batch * cfg.shape.seq * cfg.shape.hidden
+    bsh = cfg.training.micro_batch * cfg.shape.seq * cfg.shape.hidden
     alone = sum(k * rates["comm"][call_key(c, bsh, cfg.value_bytes, "tp")]
-                for _, c, k in tensor_parallel.layer_collectives(cfg.sequence_parallel, cfg.recompute))
+                for _, c, k in tensor_parallel.layer_collectives(cfg.parallel.sequence_parallel, cfg.training.recompute))
     return max(0.0, rates["tp_layer_comm_s"]) / alone if alone > 0 else 1.0
 
 
@@ -95,23 +97,23 @@ def arithmetic_seconds(cfg: TrainConfig, world: int, rates: dict, rank: int = 0)
     """`rank`'s FLOPs of one step at the probed rate (1/t of its stage's under tensor parallelism);
     an injected straggler's from its rate alone and every rank's (`predict_straggler`)."""
     m = cfg.shape
-    per_token = flops.step_flops_per_token(param_count(m).total, cfg.recompute, m)
-    if cfg.pp > 1:                      # the stage's blocks, and the head on the last
-        per_token = stage_flops_per_token(m, pipe.stage_of(cfg, world, rank), cfg.pp, cfg.virtual_stages,
-                                          cfg.recompute)
-    work = per_token * cfg.micro_batch * cfg.grad_accum * m.seq / cfg.tp   # tp splits the FLOPs
+    per_token = flops.step_flops_per_token(param_count(m).total, cfg.training.recompute, m)
+    if cfg.parallel.pp > 1:                      # the stage's blocks, and the head on the last
+        per_token = stage_flops_per_token(m, pipe.stage_of(cfg, world, rank), cfg.parallel.pp, cfg.parallel.virtual_stages,
+                                          cfg.training.recompute)
+    work = per_token * cfg.training.micro_batch * cfg.training.grad_accum * m.seq / cfg.parallel.tp   # tp splits the FLOPs
     together = work / rates["flops"]
-    if cfg.straggler is None or cfg.straggler[0] != rank or "alone_flops" not in rates:
+    if cfg.faults.straggler is None or cfg.faults.straggler[0] != rank or "alone_flops" not in rates:
         return together
-    return straggler_pass_seconds(work / rates["alone_flops"], together, world, cfg.straggler[1])
+    return straggler_pass_seconds(work / rates["alone_flops"], together, world, cfg.faults.straggler[1])
 
 
 def straggler_seconds(cfg: TrainConfig, world: int, rates: dict, in_compute: float) -> float:
     """The injected straggler's extra compute per step, (factor - 1) x its forward and backward
     (its stage's FLOPs, and `in_compute`: the collectives waited for inside them); 0 without one."""
-    if cfg.straggler is None or world == 1:
+    if cfg.faults.straggler is None or world == 1:
         return 0.0
-    rank, factor = cfg.straggler
+    rank, factor = cfg.faults.straggler
     return (factor - 1.0) * (arithmetic_seconds(cfg, world, rates, rank) + in_compute)
 
 
@@ -126,7 +128,7 @@ def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     comm = comm_seconds(cfg, world, buckets, rates, sp_elements, rank)
     compute = arithmetic + comm["in_compute"]
     straggler = straggler_seconds(cfg, world, rates, comm["in_compute"])
-    f = pipe.bubble(cfg) if cfg.pp > 1 else 0.0
+    f = pipe.bubble(cfg) if cfg.parallel.pp > 1 else 0.0
     bubble = bubble_seconds(compute, f)
     optimizer = predict.optimizer_shard(cfg, world, rank) * rates["optimizer_s_per_param"]
     if "offload" in rates:                  # the offloaded update's chunk loop or swap pipeline
@@ -143,9 +145,11 @@ def unpriced(cfg: TrainConfig, world: int, cores: int) -> list[str]:
     Both are contention for the cores, which the probe cannot see: it times every rank's block at
     once, the run's own steady state, and that is what compute is priced at."""
     out = []
-    if cfg.sharding.shard_params and cfg.tp * cfg.pp == 1:
+    if cfg.sharding.shard_params and cfg.parallel.tp * cfg.parallel.pp == 1:
         # Measured: a layer's all-gather beside a block pass on the same cores took 2-4x as long as
-        # alone, the pass 1.1-1.5x; compute +17 to +23 % (medians) in bf16, a third of that in fp32.
+        # alone, the pass 1.1-1.5x; compute +17 to +23 % (medians) in bf16, a third of that in fp32
+        # (the compute twin of `ringzero train --nproc 4 --strategy zero3 --precision bf16 --steps 40`,
+        # and of the same with `--precision fp32`).
         out.append("ZeRO-3's all-gathers run beside forward and backward on the same CPU cores and slow each "
                    "other (measured compute +17 to +23 % in bf16, about a third of that in fp32)")
     return out

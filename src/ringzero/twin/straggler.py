@@ -6,7 +6,8 @@ collectives (Ho et al. 2013 §1: the synchronous step is the slowest worker's). 
 cores that changes what R's own compute costs: the peers contend for the cores only until they are
 done, and R finishes its pass with the cores to itself. The probe's block rate, timed with every
 rank at once, prices R as if all ranks computed beside it the whole pass (measured with 4 ranks on
-2 cores, straggler 1:2: the step 40-51 % below that prediction).
+2 cores, straggler 1:2: the step 40-51 % below that prediction; `ringzero train --nproc 4
+--straggler 1:2 --steps 40`, its step beside compute priced at the pooled block rate).
 
 A fluid model of the steady state, from two probed rates: `together` the seconds of the pass with
 every rank computing (the pooled block rate) and `alone` with the others waiting (the straggler's

@@ -61,7 +61,7 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
     None under ZeRO-3, tensor or pipeline parallelism: there the wait falls inside forward and
     backward (the weights' all-gathers, the tp collectives) or into the bubble, not into the
     exposed communication this measures."""
-    if cfg.straggler is None or world == 1 or cfg.pp > 1 or cfg.tp > 1 or cfg.sharding.shard_params:
+    if cfg.faults.straggler is None or world == 1 or cfg.parallel.pp > 1 or cfg.parallel.tp > 1 or cfg.sharding.shard_params:
         return []
     predicted, measured = waits(results)
     i = max(range(len(results)), key=lambda k: predicted[k])
@@ -72,7 +72,7 @@ def render(cfg: TrainConfig, results: list[RankResult], console) -> list[dict]:
     """Per rank: compute, waiting (its prediction), exposed communication as the twin table's and
     the waiting inside it; printed, and returned as data."""
     from rich.table import Table
-    if len(results) == 1 or cfg.pp > 1:
+    if len(results) == 1 or cfg.parallel.pp > 1:
         return []
     predicted, measured = waits(results)
     rows = [{"rank": r.rank, "compute_s": compute(r), "waiting_s": m, "predicted_waiting_s": p,

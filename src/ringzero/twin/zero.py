@@ -4,6 +4,7 @@ hpZ's secondary weights, and where offloaded states live."""
 from __future__ import annotations
 
 from ringzero.plan.strategies import zeropp
+from ringzero.plan.strategies.memory import zero3_layers_held
 from ringzero.plan.strategies.offload import DEFAULT_BUFFER_NUMEL
 from ringzero.twin import predict
 from ringzero.twin import links as predict_links
@@ -20,7 +21,7 @@ def _metered(r, key: str) -> int:
 def link_twins(cfg: TrainConfig, world: int, results: list) -> list:
     """Bytes each rank sends over cross-node and intra-node links in one step (the busiest rank of
     each), when the run has nodes."""
-    if cfg.ranks_per_node is None or world == 1 or cfg.comm_algorithm == "torch":
+    if cfg.parallel.ranks_per_node is None or world == 1 or cfg.parallel.comm_algorithm == "torch":
         return []
     rows = []
     try:
@@ -39,6 +40,16 @@ def link_twins(cfg: TrainConfig, world: int, results: list) -> list:
     return rows
 
 
+def gathered_twins(cfg: TrainConfig, world: int, results: list) -> list:
+    """ZeRO-3: the layers held gathered at once, in forward and in backward, against
+    `plan.strategies.memory.zero3_layers_held` at the run's prefetch depth."""
+    if not cfg.sharding.shard_params:
+        return []
+    want = zero3_layers_held(cfg.zero.prefetch, cfg.shape.layers)
+    return [Twin(f"ZeRO-3 {way}: layers gathered", want, max(r.gathered.get(way, 0) for r in results), "layers")
+            for way in ("forward", "backward")]
+
+
 def zeropp_twins(cfg: TrainConfig, world: int, results: list) -> list:
     zpp = zero_options.zeropp(cfg, world)
     if zpp is None or not zpp.hpz:
@@ -51,15 +62,15 @@ def zeropp_twins(cfg: TrainConfig, world: int, results: list) -> list:
 
 def offload_update_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rates: dict) -> float:
     """The offloaded optimizer's update at the run's probed rates (`train.offload_probe`)."""
-    return predicted_update_seconds(cfg.offload_optimizer, optimizer_shards(cfg, world, buckets), cfg.value_bytes,
-                                    cfg.offload_buffers, DEFAULT_BUFFER_NUMEL, rates["offload"],
+    return predicted_update_seconds(cfg.zero.offload_optimizer, optimizer_shards(cfg, world, buckets), cfg.value_bytes,
+                                    cfg.zero.offload_buffers, DEFAULT_BUFFER_NUMEL, rates["offload"],
                                     rates["optimizer_s_per_param"])
 
 
 def offload_twins(cfg: TrainConfig, world: int, results: list) -> list:
     """Offloaded bytes by location (optimizer states, weight shards) and disk bytes per step, when
     anything is offloaded (`predict_offload` against what each rank's tensors and files hold)."""
-    if cfg.offload_optimizer == "none" and cfg.offload_params == "none":
+    if cfg.zero.offload_optimizer == "none" and cfg.zero.offload_params == "none":
         return []
     pairs = [(predict_offload(cfg, world, r.buckets), r.offload) for r in results]
     rows = []

@@ -27,6 +27,9 @@ v = i for the odd ranks 2i+1 and v = r - rem for the ranks r >= 2·rem.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm
 from ringzero.plan.comm.chunks import pof2_floor
 
 
@@ -63,20 +66,20 @@ class Fold:
         return 2 * v if v < self.rem else v + self.rem
 
 
-def folded_out(c, buf, count: int, lo: int, hi: int) -> None:
+def folded_out(c: Comm, buf: Buffer, count: int, lo: int, hi: int) -> None:
     """The fold on an even rank of the first 2·rem: hand the whole buffer to rank + 1, then
     receive buf[lo:hi] back from it once the survivors are done."""
     c.sendrecv([(c.rank + 1, buf[:count])])
     c.sendrecv(recvs=[(c.rank + 1, buf[lo:hi])])
 
 
-def absorb(c, buf, scratch, peer: int) -> None:
+def absorb(c: Comm, buf: Buffer, scratch: Buffer, peer: int) -> None:
     """Receive `peer`'s copy of `buf` into `scratch` and reduce it in (the fold's pre-step)."""
     c.sendrecv(recvs=[(peer, scratch)])
     c.reduce(buf, scratch)
 
 
-def gather_doubling(c, buf, sb, f: Fold) -> None:
+def gather_doubling(c: Comm, buf: Buffer, sb: Sequence[int], f: Fold) -> None:
     """Recursive-doubling all-gather among the p survivors.
 
     `sb` (length p+1) gives survivor v's block as buf[sb[v]:sb[v+1]]; survivor v holds its block on
@@ -92,7 +95,7 @@ def gather_doubling(c, buf, sb, f: Fold) -> None:
         mask <<= 1
 
 
-def all_reduce(c, buf, bounds) -> None:
+def all_reduce(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Butterfly all-reduce: log2 p rounds of whole-buffer swap-and-reduce (+2 when folded)."""
     n, r = c.size, c.rank
     if n == 1:
@@ -115,7 +118,7 @@ def all_reduce(c, buf, bounds) -> None:
         c.sendrecv([(r - 1, buf[:count])])
 
 
-def all_gather(c, buf, bounds) -> None:
+def all_gather(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Recursive-doubling all-gather of uneven chunks indexed by rank (fold as in the module doc)."""
     n, r = c.size, c.rank
     if n == 1:

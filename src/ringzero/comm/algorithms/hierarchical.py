@@ -23,6 +23,9 @@ folded: the binomial trees and the ring both work for any size, uneven last node
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm
 from ringzero.plan.comm.chunks import chunk_bounds
 from ringzero.comm.subcomm import SubComm
 from ringzero.comm.algorithms import ring, tree
@@ -34,7 +37,7 @@ def _node(rank: int, n: int, k: int) -> list[int]:
     return list(range(first, min(first + k, n)))
 
 
-def all_reduce(c, buf, bounds) -> None:
+def all_reduce(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """In-place all-reduce of `buf` in three phases: node reduce, leader ring, node broadcast."""
     n = c.size
     if n == 1:

@@ -24,12 +24,15 @@ a ring reduce-scatter then all-gather inside one node.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm
 from ringzero.plan.comm.chunks import chunk_bounds
 from ringzero.comm.subcomm import SubComm
 from ringzero.comm.algorithms import ring
 
 
-def node_size(c) -> int:
+def node_size(c: Comm) -> int:
     """Ranks per node in `c`, checked to cut the group into full nodes."""
     n = c.size
     k = c.ranks_per_node if c.ranks_per_node and c.ranks_per_node < n else n
@@ -39,7 +42,7 @@ def node_size(c) -> int:
     return k
 
 
-def all_reduce(c, buf, bounds) -> None:
+def all_reduce(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """In-place all-reduce of `buf`: node reduce-scatter, cross-node all-reduce, node all-gather."""
     n = c.size
     if n == 1:

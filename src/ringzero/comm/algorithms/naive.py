@@ -22,6 +22,11 @@ value first), so the root holds (n-1)·S of scratch: the price of posting everyt
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm
+
+
 ROOT = 0
 """The rank that plays the parameter server in all-reduce, all-gather and reduce-scatter."""
 
@@ -30,7 +35,7 @@ def _others(n: int, root: int) -> list[int]:
     return [p for p in range(n) if p != root]
 
 
-def _reduce_to_root(c, buf, bounds, root: int) -> None:
+def _reduce_to_root(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """One round: every rank sends its whole buffer to `root`, which reduces them into `buf`."""
     lo, hi = bounds[0], bounds[-1]
     if c.rank != root:
@@ -43,7 +48,7 @@ def _reduce_to_root(c, buf, bounds, root: int) -> None:
         c.reduce(buf[lo:hi], scratch[k * count:(k + 1) * count])
 
 
-def _broadcast_from_root(c, buf, bounds, root: int) -> None:
+def _broadcast_from_root(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """One round: `root` sends its whole buffer to every other rank."""
     lo, hi = bounds[0], bounds[-1]
     if c.rank == root:
@@ -52,7 +57,7 @@ def _broadcast_from_root(c, buf, bounds, root: int) -> None:
         c.sendrecv([], [(root, buf[lo:hi])])
 
 
-def _gather_to_root(c, buf, bounds, root: int) -> None:
+def _gather_to_root(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """One round: every rank sends its chunk to `root`, which receives each straight into place."""
     r = c.rank
     if r != root:
@@ -61,7 +66,7 @@ def _gather_to_root(c, buf, bounds, root: int) -> None:
         c.sendrecv([], [(p, buf[bounds[p]:bounds[p + 1]]) for p in _others(c.size, root)])
 
 
-def _scatter_from_root(c, buf, bounds, root: int) -> None:
+def _scatter_from_root(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """One round: `root` sends chunk p to each rank p, which receives it in place."""
     r = c.rank
     if r == root:
@@ -70,7 +75,7 @@ def _scatter_from_root(c, buf, bounds, root: int) -> None:
         c.sendrecv([], [(root, buf[bounds[r]:bounds[r + 1]])])
 
 
-def reduce(c, buf, bounds, root) -> None:
+def reduce(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """Every rank sends its whole buffer to `root`, which reduces the n-1 arrivals: 1 round.
 
     The root receives (n-1)·S and reduces (n-1)·S; every other rank sends S.
@@ -79,25 +84,25 @@ def reduce(c, buf, bounds, root) -> None:
         _reduce_to_root(c, buf, bounds, root)
 
 
-def broadcast(c, buf, bounds, root) -> None:
+def broadcast(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """`root` sends its whole buffer to each of the n-1 others in one step: 1 round, (n-1)·S out."""
     if c.size > 1:
         _broadcast_from_root(c, buf, bounds, root)
 
 
-def gather(c, buf, bounds, root) -> None:
+def gather(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """Every rank sends its chunk straight to `root`: 1 round; the root receives S - own chunk."""
     if c.size > 1:
         _gather_to_root(c, buf, bounds, root)
 
 
-def scatter(c, buf, bounds, root) -> None:
+def scatter(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """`root` sends chunk p straight to each rank p: 1 round; the root sends S - own chunk."""
     if c.size > 1:
         _scatter_from_root(c, buf, bounds, root)
 
 
-def all_reduce(c, buf, bounds) -> None:
+def all_reduce(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Parameter-server all-reduce: reduce to rank 0, then broadcast from it (Li et al. 2014's shape).
 
     2 rounds. Rank 0 receives and sends (n-1)·S in n-1 messages each way and reduces (n-1)·S;
@@ -108,7 +113,7 @@ def all_reduce(c, buf, bounds) -> None:
         _broadcast_from_root(c, buf, bounds, ROOT)
 
 
-def all_gather(c, buf, bounds) -> None:
+def all_gather(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Gather to rank 0, then rank 0 broadcasts the whole assembled buffer (all-gather = gather +
     broadcast). 2 rounds.
 
@@ -121,7 +126,7 @@ def all_gather(c, buf, bounds) -> None:
         _broadcast_from_root(c, buf, bounds, ROOT)
 
 
-def reduce_scatter(c, buf, bounds) -> None:
+def reduce_scatter(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Reduce the whole buffer to rank 0, then rank 0 scatters chunk r to rank r (reduce-scatter =
     reduce + scatter). 2 rounds.
 
@@ -133,7 +138,7 @@ def reduce_scatter(c, buf, bounds) -> None:
         _scatter_from_root(c, buf, bounds, ROOT)
 
 
-def all_to_all(c, sbuf, sbounds, rbuf, rbounds) -> None:
+def all_to_all(c: Comm, sbuf: Buffer, sbounds: Sequence[int], rbuf: Buffer, rbounds: Sequence[int]) -> None:
     """Every rank posts all n-1 sends and n-1 receives in one exchange: 1 round.
 
     Rank r sends Σ_j≠r of its chunks and receives Σ_i≠r of what the others send it, n-1 messages

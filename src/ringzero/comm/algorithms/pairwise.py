@@ -18,10 +18,13 @@ with nothing to send or receive is not a round.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm
 from ringzero.plan.comm.schedules import peers
 
 
-def all_to_all(c, sbuf, sbounds, rbuf, rbounds) -> None:
+def all_to_all(c: Comm, sbuf: Buffer, sbounds: Sequence[int], rbuf: Buffer, rbounds: Sequence[int]) -> None:
     """n-1 pairwise steps; at each, send chunk `dst` to dst and receive chunk `src` from src."""
     n, r = c.size, c.rank
     c.copy(rbuf[rbounds[r]:rbounds[r + 1]], sbuf[sbounds[r]:sbounds[r + 1]])

@@ -33,6 +33,9 @@ power-of-two algorithm; at the end 2i+1 gives rank 2i its result.
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm
 from ringzero.plan.comm.chunks import chunk_bounds
 from ringzero.comm.algorithms.butterfly import Fold, absorb, folded_out, gather_doubling
 
@@ -50,7 +53,7 @@ def _halving_steps(f: Fold) -> list[tuple[int, tuple[int, int], tuple[int, int]]
     return steps
 
 
-def scatter_halving(c, buf, sb, f: Fold, scratch=None) -> None:
+def scatter_halving(c: Comm, buf: Buffer, sb: Sequence[int], f: Fold, scratch: Buffer | None = None) -> None:
     """Recursive-halving reduce-scatter among the p survivors.
 
     `sb` (length p+1) gives survivor v's block as buf[sb[v]:sb[v+1]]; on exit survivor v holds its
@@ -69,7 +72,7 @@ def scatter_halving(c, buf, sb, f: Fold, scratch=None) -> None:
         c.reduce(buf[sb[klo]:sb[khi]], scratch[:size])
 
 
-def _folded_in(c, buf, count: int, f: Fold):
+def _folded_in(c: Comm, buf: Buffer, count: int, f: Fold) -> Buffer | None:
     """The fold on a keeper: reduce rank - 1's whole buffer into its own; the scratch it used
     (reused by the halving rounds) or None on ranks that keep no partner."""
     if not f.keeper:
@@ -79,7 +82,7 @@ def _folded_in(c, buf, count: int, f: Fold):
     return scratch
 
 
-def _halve(c, buf, bounds, whole: bool) -> None:
+def _halve(c: Comm, buf: Buffer, bounds: Sequence[int], whole: bool) -> None:
     """Both collectives: fold the ranks beyond the largest power of two in, recursive halving (the
     reduce-scatter), with `whole` recursive doubling too (the all-gather), then hand the folded-out
     rank its result: its own chunk, or with `whole` the whole buffer."""
@@ -101,11 +104,11 @@ def _halve(c, buf, bounds, whole: bool) -> None:
         c.sendrecv([(r - 1, buf[:count] if whole else buf[bounds[r - 1]:bounds[r]])])
 
 
-def reduce_scatter(c, buf, bounds) -> None:
+def reduce_scatter(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Recursive halving over uneven, rank-indexed chunks (fold as in the module doc)."""
     _halve(c, buf, bounds, whole=False)
 
 
-def all_reduce(c, buf, bounds) -> None:
+def all_reduce(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather."""
     _halve(c, buf, bounds, whole=True)

@@ -16,11 +16,14 @@ When to post receives depends on what else runs. Alone (a benchmark, a blocking 
 that matters on CPU ranks is gloo's rendezvous per message (the sender announces, the receiver
 answers, then the data moves: three socket writes and as many thread wake-ups); posting each
 receive just before it is awaited (`LOOKAHEAD` 1) used the least CPU per all-reduce on 4 gloo
-ranks of a 2-core machine (README). Beside computation (the training engine's communication
+ranks of a 2-core machine (README; user + sys of `/usr/bin/time -v ringzero bench comm --nproc 4
+--collective all_reduce --algorithm ring` for each `LOOKAHEAD`). Beside computation (the training engine's communication
 thread, `comm.config.beside_compute`) this thread often waits for the GIL or a core, so receives
 are posted early — `DEPTH` reduce-scatter receives ahead into scratch slots, every all-gather
 receive at once, straight into place — and gloo's I/O thread moves the data meanwhile: ZeRO-3 on
-2 ranks stepped in 224-242 ms that way against 240-268 ms with lookahead 1 (`ringzero bench train`).
+2 ranks stepped in 224-242 ms that way against 240-268 ms with lookahead 1 (`ringzero bench train
+--nproc 2 --suites zero3`; lookahead 1: the same with `parallel.comm_queue`'s
+`initializer=mark_beside_compute` removed).
 
 NCCL serialises separately issued point-to-point calls on one stream, so a receive posted ahead of
 a send would block the ring there; on such backends (`c.async_p2p` false) each unit's send and
@@ -30,7 +33,9 @@ receive go together in one batch, in lockstep. The explainer's symbolic ranks ru
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Sequence, cast
 
+from ringzero.comm.protocol import AsyncComm, Buffer, Comm
 from ringzero.plan.comm.chunks import SEGMENT_BYTES, segments
 from ringzero.comm.config import beside_compute
 
@@ -38,10 +43,14 @@ LOOKAHEAD = 1
 """Receives in flight when the ring runs alone, counting the awaited one (1: post just before it)."""
 DEPTH = 8
 """Reduce-scatter receives in flight beside computation (the all-gather posts all of its own)."""
+Piece = tuple[int, int]
+"""A piece's (lo, hi) in the buffer."""
+Unit = tuple[int, int, int, int, bool]
+"""(step, send piece, recv piece, dep, opens_round): see `_plan`."""
 
 
 @lru_cache(maxsize=512)
-def _plan(n: int, r: int, bounds: tuple[int, ...], shift: int, seg: int):
+def _plan(n: int, r: int, bounds: tuple[int, ...], shift: int, seg: int) -> tuple[tuple[Piece, ...], tuple[Unit, ...]]:
     """(offsets, units): the pieces and the units of one ring phase, in posting order.
 
     `offsets[k]` is piece k's (lo, hi): every chunk's segments, in buffer order. A unit is
@@ -68,10 +77,11 @@ def _plan(n: int, r: int, bounds: tuple[int, ...], shift: int, seg: int):
     return tuple(offsets), tuple(units)
 
 
-def _drive(c, buf, offsets, units, reduce: bool) -> None:
+def _drive(c: Comm, buf: Buffer, offsets: Sequence[Piece], units: Sequence[Unit], reduce: bool) -> None:
     """Run one phase: receive (into scratch and reduce, or into place), forward when ready."""
     if not c.async_p2p:
         return _lockstep(c, buf, offsets, units, reduce)
+    c = cast(AsyncComm, c)  # async_p2p promises split, post_send and post_recv (`comm.protocol`)
     right, left = (c.rank + 1) % c.size, (c.rank - 1) % c.size
     pieces = c.split(buf, [hi - lo for lo, hi in offsets])
     nu, posted_send, done = len(units), 0, -1
@@ -109,7 +119,7 @@ def _drive(c, buf, offsets, units, reduce: bool) -> None:
         w.wait()
 
 
-def _lockstep(c, buf, offsets, units, reduce) -> None:
+def _lockstep(c: Comm, buf: Buffer, offsets: Sequence[Piece], units: Sequence[Unit], reduce: bool) -> None:
     right, left = (c.rank + 1) % c.size, (c.rank - 1) % c.size
     scratch = c.empty(max((hi - lo for lo, hi in offsets), default=0)) if reduce else None
     for _, sp, rp, _, first in units:
@@ -121,17 +131,17 @@ def _lockstep(c, buf, offsets, units, reduce) -> None:
             c.reduce(buf[rlo:rhi], dst)
 
 
-def _segment_elems(c) -> int:
+def _segment_elems(c: Comm) -> int:
     return max(1, SEGMENT_BYTES // c.itemsize)
 
 
-def _phase(c, buf, bounds, shift: int, reduce: bool) -> None:
+def _phase(c: Comm, buf: Buffer, bounds: Sequence[int], shift: int, reduce: bool) -> None:
     if c.size > 1:
         offsets, units = _plan(c.size, c.rank, tuple(bounds), shift, _segment_elems(c))
         _drive(c, buf, offsets, units, reduce)
 
 
-def reduce_scatter(c, buf, bounds, shift: int = -1) -> None:
+def reduce_scatter(c: Comm, buf: Buffer, bounds: Sequence[int], shift: int = -1) -> None:
     """After n-1 steps rank r holds chunk (r + shift + 1) mod n fully reduced in `buf`.
 
     At step s rank r sends chunk (r + shift - s) to its right neighbour and reduces chunk
@@ -142,7 +152,7 @@ def reduce_scatter(c, buf, bounds, shift: int = -1) -> None:
     _phase(c, buf, bounds, shift, reduce=True)
 
 
-def all_gather(c, buf, bounds, shift: int = 0) -> None:
+def all_gather(c: Comm, buf: Buffer, bounds: Sequence[int], shift: int = 0) -> None:
     """Rank r starts with chunk (r + shift) mod n; after n-1 steps every rank holds every chunk.
 
     At step s rank r forwards chunk (r + shift - s) to its right neighbour and receives chunk
@@ -151,7 +161,7 @@ def all_gather(c, buf, bounds, shift: int = 0) -> None:
     _phase(c, buf, bounds, shift, reduce=False)
 
 
-def all_reduce(c, buf, bounds) -> None:
+def all_reduce(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Reduce-scatter then all-gather on the ring (Patarasuk & Yuan 2009): 2(n-1) steps."""
     reduce_scatter(c, buf, bounds, shift=0)
     all_gather(c, buf, bounds, shift=1)

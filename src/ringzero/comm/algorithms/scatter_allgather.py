@@ -21,11 +21,14 @@ its own step (round), posted without waiting for the previous one since they are
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm
 from ringzero.plan.comm.schedules import scatter_schedule
 from ringzero.comm.algorithms.ring import all_gather as ring_all_gather
 
 
-def _binomial_scatter(c, buf, bounds, root: int) -> None:
+def _binomial_scatter(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """Leave buffer chunk (rank - root) mod n on every rank, along a binomial tree rooted at `root`."""
     n = c.size
     recv, sends = scatter_schedule(n, (c.rank - root) % n)
@@ -39,7 +42,7 @@ def _binomial_scatter(c, buf, bounds, root: int) -> None:
         h.wait()
 
 
-def broadcast(c, buf, bounds, root) -> None:
+def broadcast(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """Scatter the n chunks along a binomial tree, then ring all-gather them (relative chunks)."""
     if c.size == 1:
         return

@@ -38,6 +38,10 @@ latency-bound choice for small payloads, where one message per round is what the
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from ringzero.comm.protocol import Buffer, Comm, Handle
+
 
 def _top(vr: int, n: int) -> int:
     """The step at which relative rank vr talks to its parent (ceil(log2 n) for the root)."""
@@ -49,7 +53,7 @@ def _children(vr: int, n: int) -> list[tuple[int, int]]:
     return [(k, vr + (1 << k)) for k in range(_top(vr, n)) if vr + (1 << k) < n]
 
 
-def _pieces(buf, bounds, n: int, root: int, lo: int, hi: int) -> list:
+def _pieces(buf: Buffer, bounds: Sequence[int], n: int, root: int, lo: int, hi: int) -> list[Buffer]:
     """The chunks of relative ranks [lo, hi) as one slice, or two when the range wraps around."""
     a = (lo + root) % n
     b = a + hi - lo
@@ -58,7 +62,7 @@ def _pieces(buf, bounds, n: int, root: int, lo: int, hi: int) -> list:
     return [buf[bounds[a]:bounds[n]], buf[bounds[0]:bounds[b - n]]]
 
 
-def reduce(c, buf, bounds, root: int) -> None:
+def reduce(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """Binomial reduce of the whole buffer to `root`; other ranks' buffers hold partial results."""
     n = c.size
     vr = (c.rank - root) % n
@@ -69,7 +73,7 @@ def reduce(c, buf, bounds, root: int) -> None:
     # Two scratch buffers: the next child's message arrives while this one is being reduced.
     scratch = [c.empty(bounds[-1] - bounds[0]) for _ in range(min(2, len(kids)))]
 
-    def post(i):
+    def post(i: int) -> Handle:
         return c.exchange(recvs=[(kids[i], scratch[i % 2])])
 
     pending = post(0) if kids else None
@@ -82,7 +86,7 @@ def reduce(c, buf, bounds, root: int) -> None:
         c.sendrecv(sends=[((vr - (1 << _top(vr, n)) + root) % n, whole)])
 
 
-def broadcast(c, buf, bounds, root: int) -> None:
+def broadcast(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """Binomial broadcast of root's buffer: receive from the parent, then feed the children."""
     n = c.size
     vr = (c.rank - root) % n
@@ -99,13 +103,13 @@ def broadcast(c, buf, bounds, root: int) -> None:
         p.wait()
 
 
-def all_reduce(c, buf, bounds) -> None:
+def all_reduce(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     """Binomial reduce to rank 0 then binomial broadcast from it (Thakur et al. 2005): 2·ceil(log2 n) rounds."""
     reduce(c, buf, bounds, 0)
     broadcast(c, buf, bounds, 0)
 
 
-def gather(c, buf, bounds, root: int) -> None:
+def gather(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """Binomial gather: each subtree's chunks arrive in place, then go up to the parent as one range."""
     n = c.size
     vr = (c.rank - root) % n
@@ -123,7 +127,7 @@ def gather(c, buf, bounds, root: int) -> None:
         c.sendrecv(sends=[((vr - (1 << top) + root) % n, p) for p in mine])
 
 
-def scatter(c, buf, bounds, root: int) -> None:
+def scatter(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     """Binomial scatter: receive the subtree's chunks from the parent, hand each child its range."""
     n = c.size
     vr = (c.rank - root) % n

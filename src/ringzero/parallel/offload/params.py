@@ -14,7 +14,7 @@ store reads what was stored. A prefetched read holds a buffer until its load; pr
 buffer to loads and stores, so neither ever waits on a read nobody will collect. A store drops a
 pending prefetch of the same bucket, whose bytes it makes stale.
 
-ZeRO-3 uses it in `zero3_offload.ZeRO3ParamOffload`: gathers all-gather from `load(i)`, each
+ZeRO-3 uses it through `parallel.offload.shards.OffloadedShards`: gathers all-gather from `load(i)`, each
 prefetching the next layer's read; the optimizer's staging shards are loaded before the step and
 stored after it.
 """

@@ -22,10 +22,12 @@ model). On one machine with fewer cores than ranks every message costs a wake-up
 and every byte a copy on the same few cores, so the work of all ranks adds up. On 4 ranks a ring
 all-reduce sends 24 messages in 6 rounds and a binomial tree 6 messages in 4 rounds: the
 slowest-rank terms see 6 against 4, the host term 24 against 6, and on the 2-core development
-machine the ring is 2-3x slower at 1 KiB. There, fitted on one run and tested on the next, the
+machine the ring is 2-3x slower at 1 KiB (`ringzero bench comm --nproc 4 --collective all_reduce
+--algorithm ring,tree --sizes 1KiB`). There, fitted on one run and tested on the next, the
 host term cut the median prediction error from ~19 % to ~14 % and raised the share of
 (size, world) cells where the cheapest predicted all-reduce is within 10 % of the fastest
-measured one from ~65 % to ~90 %.
+measured one from ~65 % to ~90 % (`python benchmarks/bench_comm.py`: a calibration, then a fresh
+evaluation run; the figures without the host term are those of the fit before it had one).
 
 Pure Python: no torch, no numpy.
 """
@@ -48,9 +50,12 @@ class AlphaBetaGamma:
 
     The defaults are the shared model fitted (`ringzero.comm.cost.fit`, weighted least squares)
     to 1,921 measurements of every all-reduce algorithm on 2, 3 and 4 ranks, 1 KiB-16 MiB, taken
-    by `ringzero bench comm` on the development machine: 2 vCPUs (a nested VM), gloo over
+    by `ringzero bench comm --nproc 4 --collective all_reduce --worlds 2,3,4 --sizes
+    1KiB,2KiB,4KiB,8KiB,16KiB,32KiB,64KiB,128KiB,256KiB,512KiB,1MiB,2MiB,4MiB,8MiB,16MiB
+    --calibrate` on the development machine: 2 vCPUs (a nested VM), gloo over
     loopback, torch 2.13, rounded to two digits. On five later benchmark runs they picked an
-    all-reduce within 10 % of the fastest in 79-92 % of cells. They are what `algorithm="auto"`
+    all-reduce within 10 % of the fastest in 79-92 % of cells (`python benchmarks/bench_comm.py`,
+    with no calibration file). They are what `algorithm="auto"`
     uses when no calibration file exists; another machine should calibrate its own (`--calibrate`).
     """
 

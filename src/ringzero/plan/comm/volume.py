@@ -14,7 +14,7 @@ is an algorithm step in which the rank sends or receives at least one message.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from ringzero.plan.comm.algorithms import ALGORITHMS
@@ -94,23 +94,58 @@ def call_for(collective: str, algorithm: str, n: int, count: int, itemsize: int 
                 root=root, ranks_per_node=ranks_per_node)
 
 
-@dataclass(frozen=True)
-class Volume:
-    """One rank's traffic for one call (fields as in `ringzero.comm.Traffic`, minus `calls`)."""
+def _extra(source: str):
+    """A field that the formulas of `ringzero.plan.comm.volumes` leave 0; `source` gives its figure."""
+    return field(default=0, metadata={"extra": source})
 
+
+@dataclass(frozen=True, kw_only=True)
+class Volume:
+    """One rank's traffic for one (collective, algorithm), summed over `calls` calls.
+
+    The one type of both twins: the traffic meter (`ringzero.comm.meter`) records one per
+    (collective, algorithm), and `volume` gives one call's. The formulas give the figures of
+    `FORMULA_FIELDS`; the others (`_extra`) the meter counts and they leave 0.
+    """
+
+    calls: int = _extra("the traffic meter; one call's formula counts none")
+    """Calls summed (the meter counts them; a formula gives one call's traffic and leaves this 0)."""
     bytes_sent: int = 0
     bytes_recv: int = 0
     messages_sent: int = 0
     messages_recv: int = 0
     rounds: int = 0
     bytes_reduced: int = 0
+    cross_node_bytes_sent: int = _extra("plan.comm.links.cross_node_bytes")
+    """Of `bytes_sent`, the bytes whose receiver is on another node (nodes are `ranks_per_node`
+    consecutive global ranks; one node when it is unset, then this is 0). The intra-node bytes are
+    bytes_sent - cross_node_bytes_sent. Always 0 for algorithm "torch": the backend's own
+    collectives are not seen message by message."""
+    cross_node_bytes_recv: int = _extra("plan.comm.links.cross_node_bytes")
+    """Of `bytes_recv`, the bytes whose sender is on another node."""
 
     def __add__(self, other: "Volume") -> "Volume":
-        return Volume(*(a + b for a, b in zip(self.astuple(), other.astuple())))
+        return Volume(**{k: getattr(self, k) + getattr(other, k) for k in FIELDS})
+
+    def __mul__(self, times: int) -> "Volume":
+        """`times` repeats of this traffic."""
+        return Volume(**{k: getattr(self, k) * times for k in FIELDS})
+
+    __rmul__ = __mul__
+
+    def figures(self) -> "Volume":
+        """Only the figures of `FORMULA_FIELDS` (the others 0): a meter record as `volume` gives it."""
+        return Volume(**{k: getattr(self, k) for k in FORMULA_FIELDS})
 
     def astuple(self) -> tuple[int, ...]:
-        return (self.bytes_sent, self.bytes_recv, self.messages_sent, self.messages_recv,
-                self.rounds, self.bytes_reduced)
+        """The figures of `FORMULA_FIELDS`, in that order."""
+        return tuple(getattr(self, k) for k in FORMULA_FIELDS)
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Volume))
+FORMULA_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Volume) if "extra" not in f.metadata)
+"""The fields a formula of `ringzero.plan.comm.volumes` gives: bytes and messages each way, rounds
+and bytes reduced."""
 
 
 @dataclass
@@ -144,7 +179,8 @@ class Tally:
 
     def volume(self) -> Volume:
         k = self.itemsize
-        return Volume(self.sent * k, self.recv * k, self.msgs_sent, self.msgs_recv, self.rounds, self.reduced * k)
+        return Volume(bytes_sent=self.sent * k, bytes_recv=self.recv * k, messages_sent=self.msgs_sent,
+                      messages_recv=self.msgs_recv, rounds=self.rounds, bytes_reduced=self.reduced * k)
 
 
 def bus_factor(collective: str, n: int) -> float:

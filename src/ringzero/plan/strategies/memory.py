@@ -26,9 +26,9 @@ first stage holds the embedding and the most micro-batches in flight, but an une
 middle stage more blocks); both terms are that one stage's.
 
 Buffers: DP and ZeRO-1/2 keep two gradient buckets (one filling while the other is reduced;
-DDP's `bucket_cap_mb`, 25 MiB by default); ZeRO-3 holds the gathered weights of the current and
-the prefetched layer plus the current layer's full gradient before its reduce-scatter (FSDP's
-limit of one layer in flight); a pipeline stage holds one send and one receive activation buffer,
+DDP's `bucket_cap_mb`, 25 MiB by default); ZeRO-3 holds the gathered weights of the current layer
+and the `prefetch` layers gathered ahead of it (`zero3_layers_held`; FSDP's default of one layer in
+flight is prefetch 1) plus the current layer's full gradient before its reduce-scatter; a pipeline stage holds one send and one receive activation buffer,
 1/t of a micro-batch's activation per tensor-parallel rank (`pipeline.boundary_bytes`).
 """
 
@@ -117,13 +117,19 @@ def zero_formula(n_params: float, dp: int, stage: int, k: int = 12) -> float:
             3: (4 + k) * psi / dp}[stage]
 
 
+def zero3_layers_held(prefetch: int, layers: int) -> int:
+    """Layers ZeRO-3 holds gathered (or being gathered) at once, of `layers`: the one computing and
+    the `prefetch` gathered ahead of it (`parallel.zero.zero3`'s hooks)."""
+    return min(layers, 1 + prefetch)
+
+
 def buffer_bytes(m: ModelShape, tr: Training, par: Parallel) -> int:
     """Communication buffers (see the module doc), rounded up to whole bytes."""
     sb = state_bytes(tr.precision, tr.optimizer)
     counts = param_count(m)
     layer = counts.per_layer / par.tp
     if by_zero(par.zero).shard_params:
-        buffers = layer * (2 * sb.weights + sb.grads)
+        buffers = layer * (zero3_layers_held(par.prefetch, m.layers) * sb.weights + sb.grads)
     elif par.dp > 1:
         grads = model_parallel_params(counts.total, par.tp, par.pp) * sb.grads
         buffers = min(2 * par.bucket_mb * MiB, grads)

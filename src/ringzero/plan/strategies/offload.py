@@ -32,7 +32,8 @@ fused update, copy the weights back (the device↔host "transfer", over PCIe on 
 With cpu the step is Σ compute_i. With nvme one I/O thread runs a FIFO queue: reads of chunks
 0..B-1 first, then after compute i ends, the write of chunk i and the read of chunk i+B into the
 buffer just written (one queue: a drive is one shared resource; measured on a virtio disk, a read
-and a write in flight together move about as many bytes per second as either alone). Chunk i's
+and a write in flight together move about as many bytes per second as either alone: the nvme
+step of `python benchmarks/bench_offload.py`, I/O-bound, against its read and write rates). Chunk i's
 compute starts when compute i-1 ends and read i has; the step ends with the last write. That
 recurrence (`plan.strategies.swap_pipeline.swap_seconds`) is the three-stage pipeline read i+1 ∥ update i ∥
 write i-1 with its fill (the first read) and drain (the last write); in steady state a chunk costs
@@ -44,7 +45,9 @@ the swap loop's order and records) or `NvmeOffloadAdam.probe_disk` (the optimize
 virtual disk two files can move at rates 3x apart, so only the file the steps use predicts them);
 adam_rate by one fused call over a shard; transfer_bw by the two copies; the two slowdowns by running
 the disk probe and the update together (on a 2-core VM the I/O ran about 1.8x slower while the
-update used both cores; without them the model predicted an I/O-bound step 10-25 % short there).
+update used both cores; without them the model predicted an I/O-bound step 10-25 % short there;
+`python benchmarks/bench_offload.py` prints both files' rates, the two slowdowns and the nvme
+prediction with and without them).
 Not modelled: a page cache (without direct I/O the "disk" is a memcpy that competes with the update
 for the cores).
 """
@@ -71,7 +74,8 @@ FP32 = 4
 DEFAULT_BUFFER_NUMEL = 1 << 22
 """4M elements per chunk: 16 MiB per state kind, a 48 MiB record per read or write (large requests
 keep a drive near its streaming bandwidth: measured on a virtio disk with direct I/O, 4 MiB requests
-moved 0.7-0.9 GB/s, 16 MiB ones 1.6-1.8 GB/s)."""
+moved 0.7-0.9 GB/s, 16 MiB ones 1.6-1.8 GB/s: the disk rates of `python benchmarks/bench_offload.py
+--buffer-numel 1048576` and of `--buffer-numel 4194304`)."""
 
 
 class OffloadDevice(enum.Enum):
@@ -218,20 +222,23 @@ def param_placement(device: OffloadDevice, shards: Sequence[int], weight_bytes: 
 
 
 def param_io_per_step(device: OffloadDevice, buckets: Sequence[tuple[int, bool]], weight_bytes: int,
-                      micro_batches: int) -> dict[str, int]:
+                      micro_batches: int, secondary: bool = False) -> dict[str, int]:
     """Disk bytes one step of ZeRO-3 with its weight shards on NVMe moves (none with cpu or none).
     `buckets`: (shard elements, is the root bucket) of each bucket. Per micro-batch a layer's record
     is read before its forward all-gather and again before its backward one (ZeRO-3 frees a layer
-    after its forward), the root's once (it is kept from its forward to its gradients' reduction);
-    then every record is read once before the update (the optimizer updates a device copy of each
-    shard) and written once after it:
+    after its forward) unless a `secondary` copy on the device serves the backward gathers (ZeRO++'s
+    hpZ, Wang et al. 2023 §3.2), the root's once (it is kept from its forward to its gradients'
+    reduction); then every record is read once before the update (the optimizer updates a device
+    copy of each shard) and written once after it:
 
-        read  = m · (Σ_root r_b + 2 Σ_layers r_b) + Σ_b r_b        r_b = param_record_bytes(n_b)
-        write = Σ_b r_b                                             m: micro-batches per step
+        read  = m · (Σ_root r_b + k Σ_layers r_b) + Σ_b r_b        r_b = param_record_bytes(n_b)
+        write = Σ_b r_b                                             m: micro-batches per step,
+                                                                    k = 1 with hpZ, else 2
     """
     if device is not OffloadDevice.NVME:
         return {"read": 0, "write": 0}
     records = [(param_record_bytes(n, weight_bytes), root) for n, root in buckets]
-    per_micro = sum(r if root else 2 * r for r, root in records)
+    k = 1 if secondary else 2
+    per_micro = sum(r if root else k * r for r, root in records)
     total = sum(r for r, _ in records)
     return {"read": micro_batches * per_micro + total, "write": total}

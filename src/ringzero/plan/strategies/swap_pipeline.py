@@ -9,7 +9,8 @@ Shared cores. On a GPU machine the update runs on host cores the I/O does not ne
 overlap freely. On a small host (here: 2 cores, the fused AdamW on both) they slow each other
 down: the I/O thread's system calls wait for a core and the update loses one. `io_slowdown` and
 `compute_slowdown` are how many times longer each takes while the other is running (1: no
-interference), measured by a probe that runs both at once (`parallel.offload.nvme_swap`). The loop is
+interference), measured by a probe that runs both at once (`parallel.offload.nvme_swap`; both are
+printed by `python benchmarks/bench_offload.py`). The loop is
 simulated event by event: between two events each active task progresses at 1 or 1/slowdown of
 its own speed, depending on whether the other resource is busy at that moment.
 

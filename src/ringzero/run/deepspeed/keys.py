@@ -36,7 +36,7 @@ MAPPED: dict[str, set[str]] = {
 """Section -> the keys of it that `deepspeed.py` maps onto TrainConfig fields."""
 
 _LOGS = "ringzero writes its measurements to the table and --json-report"
-_STAGE3_CACHE = "ringzero's ZeRO-3 holds the current and the prefetched layer only, and caches none"
+_STAGE3_CACHE = "ringzero's ZeRO-3 holds the current layer and the `prefetch` layers ahead only, and caches none"
 _SWAP = "ringzero's NVMe swap always overlaps reads and writes with the update, in buffer_count buffers"
 TUNING: dict[str, str] = {
     "wall_clock_breakdown": "ringzero times every step's phases itself and prints them beside the plan",
@@ -66,12 +66,12 @@ TUNING: dict[str, str] = {
                                 "recomputes with --recompute selective or full and keeps checkpoints whole on "
                                 "the device (no partition_activations, no cpu_checkpointing)",
     "zero_optimization.overlap_comm": "ringzero always overlaps (buckets reduce on its communication thread "
-                                      "during backward; ZeRO-3 prefetches the next layer)",
+                                      "during backward; ZeRO-3 prefetches `prefetch` layers ahead)",
     "zero_optimization.contiguous_gradients": "ringzero's gradients always live in flat per-bucket buffers",
     "zero_optimization.reduce_scatter": "ringzero's ZeRO stages always reduce-scatter the gradients",
     "zero_optimization.allgather_partitions": "ringzero's ZeRO-1/2 always all-gather the updated shards",
-    "zero_optimization.stage3_prefetch_bucket_size": "ringzero's ZeRO-3 prefetches exactly the next layer "
-                                                     "(one bucket per layer), not a number of elements",
+    "zero_optimization.stage3_prefetch_bucket_size": "ringzero's ZeRO-3 prefetches whole layers (one bucket "
+                                                     "each; set `prefetch`), not a number of elements",
     "zero_optimization.stage3_param_persistence_threshold": "ringzero's ZeRO-3 shards every layer, small ones "
                                                             "too (only the embeddings and final norm stay "
                                                             "gathered through a micro-batch)",

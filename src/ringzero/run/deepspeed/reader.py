@@ -83,19 +83,19 @@ def _batch(path: str, r: Reader, cfg: TrainConfig, world: int, overrides: dict) 
     batch = r.later["train_batch_size"]
     if batch is None:
         return cfg
-    dp = max(1, world // (cfg.tp * cfg.pp))
+    dp = max(1, world // (cfg.parallel.tp * cfg.parallel.pp))
     name = {f: f"--{f.replace('_', '-')}" if f in overrides else r.source.get(f) for f in ("micro_batch", "grad_accum")}
     ranks = f"{dp} data-parallel rank{'s' if dp > 1 else ''}"
     if name["micro_batch"] and name["grad_accum"]:
-        total = cfg.micro_batch * cfg.grad_accum * dp
+        total = cfg.training.micro_batch * cfg.training.grad_accum * dp
         if total != batch:
-            raise ValueError(f"train_batch_size={batch} != {name['micro_batch']} {cfg.micro_batch} x "
-                             f"{name['grad_accum']} {cfg.grad_accum} x {ranks} = {total}")
+            raise ValueError(f"train_batch_size={batch} != {name['micro_batch']} {cfg.training.micro_batch} x "
+                             f"{name['grad_accum']} {cfg.training.grad_accum} x {ranks} = {total}")
         return cfg
     if name["micro_batch"]:
-        field, per, what = "grad_accum", cfg.micro_batch * dp, f"{name['micro_batch']} {cfg.micro_batch} x {ranks}"
+        field, per, what = "grad_accum", cfg.training.micro_batch * dp, f"{name['micro_batch']} {cfg.training.micro_batch} x {ranks}"
     else:
-        accum = cfg.grad_accum if name["grad_accum"] else 1
+        accum = cfg.training.grad_accum if name["grad_accum"] else 1
         field, per = "micro_batch", accum * dp
         what = f"{name['grad_accum'] or 'gradient_accumulation_steps (default)'} {accum} x {ranks}"
     if batch % per:
@@ -117,7 +117,7 @@ def _bucket(path: str, r: Reader, cfg: TrainConfig, overrides: dict) -> TrainCon
         return cfg
     gathers = cfg.sharding.gathers_after_step
     if gather_n is not None and not gathers:
-        r.note(f"zero_optimization.allgather_bucket_size has no effect here: strategy {cfg.strategy} gathers nothing")
+        r.note(f"zero_optimization.allgather_bucket_size has no effect here: strategy {cfg.parallel.strategy} gathers nothing")
     if gathers and None not in (reduce_n, gather_n) and reduce_n != gather_n:
         r.note(f"zero_optimization.allgather_bucket_size {gather_n} differs from reduce_bucket_size {reduce_n}: "
                f"ringzero's ZeRO-1/2 all-gather in the gradient buckets, so {reduce_n} elements is used for both")
@@ -132,11 +132,11 @@ def _bucket(path: str, r: Reader, cfg: TrainConfig, overrides: dict) -> TrainCon
 def _late_notes(r: Reader, cfg: TrainConfig) -> None:
     """The warnings that need the run's final settings (the command line's included)."""
     unused = r.later.get("scaler_keys")
-    if unused and cfg.precision != "fp16":
+    if unused and cfg.optim.precision != "fp16":
         r.note(f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect here: this run trains in "
-               f"{cfg.precision}, without loss scaling")
+               f"{cfg.optim.precision}, without loss scaling")
     if "scheduler" in r.later:
-        line = schedule.schedule_note(*r.later["scheduler"], cfg.steps)
+        line = schedule.schedule_note(*r.later["scheduler"], cfg.training.steps)
         if line:
             r.note(line)
 

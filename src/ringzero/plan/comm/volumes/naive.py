@@ -32,7 +32,8 @@ ROOT = 0
 def _volume(call: Call, sent: int, recv: int, msgs_sent: int, msgs_recv: int, rounds: int,
             reduced: int = 0) -> Volume:
     k = call.itemsize
-    return Volume(sent * k, recv * k, msgs_sent, msgs_recv, rounds, reduced * k)
+    return Volume(bytes_sent=sent * k, bytes_recv=recv * k, messages_sent=msgs_sent, messages_recv=msgs_recv,
+                  rounds=rounds, bytes_reduced=reduced * k)
 
 
 def _nonempty(sizes) -> int:
@@ -64,7 +65,8 @@ def gather(call: Call, rank: int) -> Volume:
 
 def scatter(call: Call, rank: int) -> Volume:
     v = gather(call, rank)  # the same messages, the other way round
-    return Volume(v.bytes_recv, v.bytes_sent, v.messages_recv, v.messages_sent, v.rounds)
+    return Volume(bytes_sent=v.bytes_recv, bytes_recv=v.bytes_sent, messages_sent=v.messages_recv,
+                  messages_recv=v.messages_sent, rounds=v.rounds)
 
 
 def all_reduce(call: Call, rank: int) -> Volume:

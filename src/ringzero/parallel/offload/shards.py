@@ -1,5 +1,6 @@
-"""ZeRO-3 with its weight shards off the device: ZeRO-Infinity's parameter offload (Rajbhandari et al.
-2021 §5), in host memory (cpu) or in a swap file (nvme), held by a `ParamStore`.
+"""ZeRO-3's weight shards off the device: ZeRO-Infinity's parameter offload (Rajbhandari et al. 2021
+§5), in host memory (cpu) or in a swap file (nvme), held by a `ParamStore`; the shard store
+`OffloadedShards` that ZeRO-3 composes in place of `zero.shards.DeviceShards`.
 
 Where a rank's weights are at each moment (d: the device, h: host memory, n: the swap file):
 
@@ -8,17 +9,15 @@ Where a rank's weights are at each moment (d: the device, h: host memory, n: the
     forward, layer i     its shard loaded from the store into a d buffer (nvme: through a host
                          buffer), all-gathered into the full layer on d, the buffer dropped; the
                          full layer is freed after the layer, as in ZeRO-3
-    backward             the same, in reverse order
+    backward             the same, in reverse order (with hpZ, from the secondary copy on d instead)
     the update           `before_step` loads every shard into its staging tensor on d; the
                          optimizer updates those in place; `after_step` stores them back and frees
                          their storage
 
-Prefetch. The gather of layer i, issued as layer i-1 starts (ZeRO-3's prefetch), loads layer i's
-shard and then starts the read of layer i+1, which so runs while layers i-1 and i compute, before
-the gather of layer i+1 loads it: reads hide behind compute as the all-gathers do. Backward goes
-the other way; the last layer's forward gather, in a forward with gradients, reads its own shard
-again for its backward, which comes next. Loads come before prefetches: the store reads in the
-order asked, and a shard needed now must not queue behind one needed later.
+Prefetch. The gather of layer i loads layer i's shard and then starts the read of the bucket after it
+(ZeRO-3 says which: `ZeRO3._read_ahead`), which so runs while layers compute, before that bucket's
+gather loads it: reads hide behind compute as the all-gathers do. Loads come before prefetches: the
+store reads in the order asked, and a shard needed now must not queue behind one needed later.
 
 The optimizer's tensors. The optimizer takes `owned_weights()` once, at construction, and updates
 those tensors in place every step (`ShardedAdam`'s fp32 master is the shard itself; the offloaded
@@ -40,15 +39,14 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 
 import torch
 import torch.distributed as dist
 
-from ringzero import comm
+from ringzero.parallel.comm_queue import CommQueue
 from ringzero.parallel.flat_group import FlatGroup, nbytes
+from ringzero.parallel.offload.config import OffloadConfig
 from ringzero.parallel.offload.params import ParamStore
-from ringzero.parallel.zero.zero3 import ZeRO3
 
 
 class Staging(enum.Enum):
@@ -62,56 +60,32 @@ class Staging(enum.Enum):
     """No storage: the store alone holds the weights (between steps)."""
 
 
-class ZeRO3ParamOffload(ZeRO3):
-    """ZeRO-3 whose weight shards live where `config.offload_params` says (see the module doc)."""
+class OffloadedShards:
+    """The shards of `groups` where `offload` says (see the module doc); `queue` is ZeRO-3's
+    communication thread, on which every load and store runs."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    reads_ahead = True
+
+    def __init__(self, groups: list[FlatGroup], offload: OffloadConfig, queue: CommQueue) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-        self.store = ParamStore([g.shard for g in self.groups], self.config.offload_params, rank)
+        self.groups, self.queue = groups, queue
+        self.store = ParamStore([g.shard for g in groups], offload, rank)
         self.staging = Staging.BUILT
-        self._loading: dict[int, torch.Tensor] = {}    # shards loaded for a gather in flight
-        order = [self.groups[bi] for _, bi in self._units]
-        chain = ([self._root] if self._root is not None else []) + order     # forward order
-        self._next = dict(zip(chain, chain[1:]))
-        self._prev = {b: a for a, b in zip(order, order[1:])}
-        self._last = order[-1] if order else None
+        self.loading: dict[int, torch.Tensor] = {}     # shards loaded for a gather in flight
         self._step_open, self._read_mark = False, 0
         self._written = self.store.initial_io["write"]
 
-    # -- weights --------------------------------------------------------------------------------
-    def _read_ahead(self, g: FlatGroup, backward: bool) -> FlatGroup | None:
-        """The bucket whose read `g`'s gather starts (see the module doc), or None."""
-        if not self.config.prefetch:
-            return None
-        if backward:
-            return self._prev.get(g)
-        if g is self._last and torch.is_grad_enabled():
-            return g
-        return self._next.get(g)
-
-    def _gather_for(self, g: FlatGroup, backward: bool):
-        return functools.partial(self._gather, ahead=self._read_ahead(g, backward))
-
-    def _gather(self, g: FlatGroup, ahead: FlatGroup | None = None) -> torch.Tensor:
-        """The bucket's full weights, all-gathered from every rank's shard as loaded from the store;
-        then the read of `ahead` starts (on the queue's thread)."""
-        src = self._loading[g.index] = self.store.load(g.index)
+    @contextlib.contextmanager
+    def loaded(self, g: FlatGroup, ahead: FlatGroup | None = None):
+        src = self.loading[g.index] = self.store.load(g.index)
         try:
             if ahead is not None:
                 self.store.prefetch(ahead.index)
-            if self.topology.dp == 1:
-                return src
-            b = g.bucket
-            full = torch.empty(b.padded, dtype=b.dtype, device=b.device)    # every element is overwritten
-            g.landing = full
-            comm.all_gather_into_tensor(full, src, group=self.group, algorithm=self._algorithm("all_gather"))
-            return full
+            yield src
         finally:
-            self._loading.pop(g.index, None)
+            self.loading.pop(g.index, None)
 
-    def _reset(self) -> None:
-        super()._reset()
+    def begin_forward(self) -> None:
         if self.staging is Staging.BUILT:
             self._release_staging()
         if torch.is_grad_enabled() and not self._step_open:    # a step's first forward
@@ -135,7 +109,6 @@ class ZeRO3ParamOffload(ZeRO3):
 
     def after_step(self) -> None:
         """Store the updated shards and free the staging tensors' storage."""
-        super().after_step()
         if self.staging is not Staging.RELEASED:
             self.queue.submit(self._store_staging).result()
         self._step_open = False
@@ -149,8 +122,6 @@ class ZeRO3ParamOffload(ZeRO3):
 
     @contextlib.contextmanager
     def shards_at_hand(self, changed: bool = False):
-        """The optimizer's shard tensors hold this rank's weights for the block (a checkpoint
-        reads them, or with `changed` writes them: then they go back to the store after it)."""
         was = self.staging
         if was is Staging.RELEASED:
             self.queue.submit(self._load_staging).result()
@@ -169,33 +140,22 @@ class ZeRO3ParamOffload(ZeRO3):
         self.staging = Staging.RELEASED
 
     # -- accounting -----------------------------------------------------------------------------
-    def _staged_bytes(self) -> int:
-        return sum(g.shard.untyped_storage().nbytes() for g in self.groups)
+    def loading_bytes(self) -> int:
+        return nbytes(list(self.loading.values()))
 
-    def held_bytes(self) -> dict[str, int]:
-        """As ZeRO-3's, but "params" counts the weight-shard bytes on the device now, the staging
-        tensors' storage: none between steps (the store holds every shard); Σ shards from
-        `before_step` to `after_step` and from construction to the first forward."""
-        return {**super().held_bytes(), "params": self._staged_bytes()}
-
-    def transient_bytes(self) -> int:
-        """ZeRO-3's, plus the shards loaded from the store for gathers in flight."""
-        return super().transient_bytes() + nbytes(list(self._loading.values()))
-
-    def offload_bytes(self) -> dict[str, int]:
-        """The store's bytes by location (`plan.strategies.offload.param_placement`)."""
+    def placement_bytes(self) -> dict[str, int]:
+        """`plan.strategies.offload.param_placement`'s figures."""
         return self.store.placement_bytes()
 
-    def offload_io_bytes(self) -> dict[str, int]:
-        """Disk bytes of the current step (`plan.strategies.offload.param_io_per_step`): "read" since its first
-        forward (the gathers and the pre-step load; an evaluation's forward, without gradients,
-        opens no step); "write" of the latest store-back, which every step does once and which
-        writes every record: the previous step's when asked between the update and `after_step`
-        (as the engine asks), the copy into the store before the first step."""
+    def io_bytes(self) -> dict[str, int]:
+        """Disk bytes of the current step (`plan.strategies.offload.param_io_per_step`): "read" since its
+        first forward (the gathers and the pre-step load; an evaluation's forward, without
+        gradients, opens no step); "write" of the latest store-back, which every step does once and
+        which writes every record: the previous step's when asked between the update and
+        `after_step` (as the engine asks), the copy into the store before the first step."""
         read = self.queue.submit(self.store.io_bytes).result()["read"]
         return {"read": read - self._read_mark, "write": self._written}
 
     def close(self) -> None:
-        """Remove the swap file (nvme), then as ZeRO-3."""
+        """Wait for queued I/O and remove the swap file (nvme)."""
         self.store.close()
-        super().close()
