@@ -14,10 +14,11 @@ Where a rank's weights are at each moment (d: the device, h: host memory, n: the
                          optimizer updates those in place; `after_step` stores them back and frees
                          their storage
 
-Prefetch. The gather of layer i loads layer i's shard and then starts the read of the bucket after it
-(ZeRO-3 says which: `ZeRO3._read_ahead`), which so runs while layers compute, before that bucket's
-gather loads it: reads hide behind compute as the all-gathers do. Loads come before prefetches: the
-store reads in the order asked, and a shard needed now must not queue behind one needed later.
+Prefetch. The gather of layer i loads layer i's shard and then starts the read of the bucket after
+it (ZeRO-3 says which: `zero.layer_gathers.LayerGathers.read_ahead`), which so runs while layers
+compute, before that bucket's gather loads it: reads hide behind compute as the all-gathers do.
+Loads come before prefetches: the store reads in the order asked, and a shard needed now must not
+queue behind one needed later.
 
 The optimizer's tensors. The optimizer takes `owned_weights()` once, at construction, and updates
 those tensors in place every step (`ShardedAdam`'s fp32 master is the shard itself; the offloaded
