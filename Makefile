@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_plan_fidelity.py
 	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_compression.py --json out/bench_compression.json --plot out/compression.png
 	$(PY) benchmarks/bench_offload.py --json out/bench_offload.json
 	$(VENV)/bin/ringzero bench ps --nproc 4 --steps 60 --plot out/bench_ps.png --json out/bench_ps.json
 	$(PY) benchmarks/bench_faults.py --trials 20 --nproc 3

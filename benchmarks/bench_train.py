@@ -1,6 +1,6 @@
 """`make bench`: ringzero's dp, zero3, tensor and pipeline parallelism against torch's DDP, FSDP2,
-parallelize_module and torch.distributed.pipelining, recomputation, and ZeRO++ against ZeRO-3
-over two emulated nodes.
+parallelize_module and torch.distributed.pipelining, recomputation, gradient compression against
+DDP's comm hooks, and ZeRO++ against ZeRO-3 over two emulated nodes.
 
 Runs `ringzero bench train` on 2 and then 4 local gloo ranks (recomputation, which runs on one rank,
 only with the first; tensor and pipeline parallelism over all the ranks, `--tp N --pp N`) against
@@ -38,10 +38,13 @@ def main(argv=None) -> int:
     nprocs = [int(n) for n in args.nprocs.split(",")]
     plan = [(str(n), n, "dp,zero3,recompute" if i == 0 else "dp,zero3", "foreach") for i, n in enumerate(nprocs)]
     plan.append((f"{nprocs[0]}-fused", nprocs[0], "dp,zero3", "fused"))
+    # gradient compression against DDP with the matching comm hook (top-k: plain DDP)
+    plan += [(f"{n}-compress-{s}", n, "compress", s) for n in nprocs for s in ("fp16", "bf16", "powersgd", "topk")]
     for label, nproc, suites, adam in plan:
         # tensor and pipeline parallelism over every rank
         tp = ["--tp", str(nproc), "--pp", str(nproc)] if adam == "foreach" else []
-        argv_n = ["--nproc", str(nproc), "--suites", suites, *tp, "--torch-adam", adam, *extra]
+        what = ["--compress", adam] if suites == "compress" else ["--torch-adam", adam]
+        argv_n = ["--nproc", str(nproc), "--suites", suites, *tp, *what, *extra]
         parser = argparse.ArgumentParser()
         train.add_arguments(parser)
         console.rule(f"ringzero bench train {' '.join(argv_n)}")

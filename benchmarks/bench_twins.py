@@ -33,6 +33,9 @@ CONFIGS = {
     "zero2-selective": ["--strategy", "zero2", "--recompute", "selective", "--micro-batch", "4"],
     "zero3": ["--strategy", "zero3", "--micro-batch", "4"],
     "zero3-bf16": ["--strategy", "zero3", "--precision", "bf16", "--micro-batch", "4"],
+    "dp-fp16-compress": ["--strategy", "dp", "--micro-batch", "4", "--compress", "fp16", "--compress-start", "2"],
+    "dp-powersgd": ["--strategy", "dp", "--micro-batch", "4", "--compress", "powersgd", "--compress-start", "2"],
+    "zero1-topk": ["--strategy", "zero1", "--micro-batch", "4", "--compress", "topk", "--compress-start", "2"],
 }
 TWINS = {"step": "step time", "compute": "compute per step", "comm": "exposed communication per step"}
 CLI = "import sys; from ringzero.cli import main; sys.exit(main())"

@@ -1,4 +1,4 @@
-"""`ringzero bench train`: one tiny real run through the CLI (every suite), and argument checks."""
+"""`ringzero bench train`: tiny real runs through the CLI (every suite), and argument checks."""
 
 import json
 
@@ -72,6 +72,36 @@ def test_pipelines_against_torch_distributed_pipelining(tmp_path):
         losses = result[f"pp_{s}"]["variants"][f"rz_pp_{s}"]["losses"]
         assert result[f"pp_{s}"]["max_loss_diff"] <= 1e-5 * max(losses), s
         assert f"pp_{s}_time_vs_torch" in result["ratios"]
+
+
+@pytest.mark.timeout(120)
+def test_compression_against_ddp_with_torchs_hook(tmp_path, capsys):
+    """--compress powersgd: ringzero dp with PowerSGD against DDP with torch's powerSGD_hook (both from
+    step 2, same rank and seed): the ratio and both losses after the steps are reported, and the losses
+    agree (ringzero's hook follows torch's P/Q layout and seeding)."""
+    out = tmp_path / "bench_train.json"
+    assert cli.main(["bench", "train", "--nproc", "2", *TINY, "--steps", "3", "--suites", "compress",
+                     "--compress", "powersgd", "--powersgd-rank", "2", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    c = r["compress"]
+    assert (c["scheme"], c["torch_hook"], c["start"], c["torch_start"]) == ("powersgd", "powerSGD_hook.powerSGD_hook", 2, 2)
+    assert set(r["ratios"]) == {"compress_powersgd_time_vs_ddp_hook"} and r["ratios"]["compress_powersgd_time_vs_ddp_hook"] > 0
+    ours, theirs = c["loss_after"]["rz_dp_powersgd"], c["loss_after"]["ddp_powersgd_hook"]
+    assert abs(ours - theirs) < 1e-3 * ours and c["max_loss_diff"] < 1e-3
+    assert "loss after 3 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--suites", "compress"], "--compress"),
+    (["--compress", "none"], "fp16, bf16, powersgd, topk"),
+    (["--powersgd-rank", "2"], "--compress"),
+    (["--compress", "fp16", "--powersgd-rank", "2"], "powersgd_rank"),
+    (["--compress", "powersgd", "--steps", "2", "--skip", "1"], "compress_start"),
+    (["--compress", "fp16", "--nproc", "1", "--suites", ""], "--nproc"),
+])
+def test_bad_compression_arguments_exit_2(argv, message, capsys):
+    assert cli.main(["bench", "train", *argv]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -257,6 +257,34 @@ def test_command_line_flags_win_over_mapped_keys(tmp_path):
     assert (cfg.parallel.bucket_mb, cfg.optim.lr, cfg.training.micro_batch, cfg.training.grad_accum) == (2.0, 0.01, 2, 2)
 
 
+# -- communication_data_type: the gradients' cast for their reduction ---------------------------
+
+@pytest.mark.parametrize("ds, overrides, compress, start", [
+    ({"communication_data_type": "fp16"}, {}, "fp16", 0),          # fp32 training: cast from the first step
+    ({"communication_data_type": "BF16"}, {}, "bf16", 0),          # DeepSpeed lowercases it
+    ({"communication_data_type": "fp32"}, {}, "none", None),       # what fp32 training sends anyway
+    ({"communication_data_type": None}, {}, "none", None),         # DeepSpeed's default: the training precision
+    ({"bf16": {"enabled": True}, "communication_data_type": "bf16"}, {}, "none", None),
+    ({"bf16": {"enabled": True}, "communication_data_type": "fp16"}, {}, "fp16", 0),
+    ({"communication_data_type": "fp16"}, {"precision": "fp16"}, "none", None),     # the flag's precision
+    ({"communication_data_type": "fp16"}, {"compress": "powersgd"}, "powersgd", None),  # the flag wins
+    ({"communication_data_type": "fp16"}, {"compress_start": 3}, "fp16", 3),
+])
+def test_communication_data_type_maps_to_the_16_bit_cast(tmp_path, ds, overrides, compress, start):
+    cfg, warned, lines = _read(tmp_path, ds, **overrides)
+    assert (cfg.compress.compress, cfg.compress.compress_start, lines) == (compress, start, [])
+    assert "communication_data_type" in keys.MAPPED[""] and "communication_data_type" not in keys.TUNING
+
+
+def test_communication_data_type_fp32_under_16_bits_and_bad_values(tmp_path):
+    cfg, warned, lines = _read(tmp_path, {"bf16": {"enabled": True}, "communication_data_type": "fp32"})
+    assert cfg.compress.compress == "none" and warned == ["communication_data_type"] and "(bf16)" in lines[0]
+    _refused(tmp_path, {"communication_data_type": "int8"}, "communication_data_type='int8'; allowed: fp16, bf16, fp32")
+    _refused(tmp_path, {"communication_data_type": 16}, "communication_data_type=16; allowed")
+    _refused(tmp_path, {"zero_optimization": {"stage": 3}, "communication_data_type": "fp16"},
+             "communication_data_type in", "compress=fp16 runs with strategy dp, zero1, zero2, not 'zero3'")
+
+
 # -- the fp16 loss scaler from the fp16 section ------------------------------------------------
 
 def test_fp16_section_sets_the_scaler(tmp_path):

@@ -180,7 +180,7 @@ def test_the_step_over_an_emulated_link_is_predicted(pool):
     cfg = TrainConfig(strategy="ps", servers=1, steps=6, ranks_per_node=1, emulate_inter_node=(0.01, 5.0), **BASE)
     ps = pool.run(_train, cfg, False, world=3)
     (row,) = [t for t in twins(cfg, 3, ps) if t.name.startswith("step over")]
-    numel = sum(n for n, _ in ps[0].buckets)
+    numel = sum(n for n, *_ in ps[0].buckets)
     link = comm_seconds(numel, 4, 2, 1, 0.01e9, 5e-6, schedule="staggered")
     assert link == pytest.approx(3 * numel * 4 / 0.01e9, rel=1e-3) and row.predicted > link > row.predicted / 2
     assert row.measured == pytest.approx(row.predicted, rel=0.15), (row.predicted, row.measured)

@@ -13,6 +13,7 @@ The targets, each printed with its ratio and whether it is met:
 - with `--pp P`, pipeline parallelism over the P ranks, for GPipe, 1F1B and interleaved 1F1B (v = 2):
   step time <= 1.00 x `torch.distributed.pipelining`'s ScheduleGPipe / Schedule1F1B /
   ScheduleInterleaved1F1B on the same chunks, m = `--pp-microbatches` micro-batches, losses equal;
+- with `--compress SCHEME`: ringzero dp so compressed, step time <= 1.00 x DDP's with torch's hook (`compress_peer`);
 - recomputation on one rank, on a shape where the 5·a·s²·b attention term is at least half the
   activations: full saves >= 80 % of the activation bytes at <= 35 % extra step time, selective
   saves >= 50 % at <= 5 %.
@@ -38,10 +39,12 @@ import statistics
 from ringzero.plan.model.activations import head_bytes, layer_bytes, layer_terms
 from ringzero.plan.model.shapes import ModelShape
 from ringzero.run.config import TrainConfig
+from ringzero.bench import compress_peer
 from ringzero.bench.train_job import PP_SCHEDULES, Job
 from ringzero.bench.train_report import print_report
 
-SUITE_NAMES = ("dp", "zero3", "recompute")
+DEFAULT_SUITES = ("dp", "zero3", "recompute")
+SUITE_NAMES = (*DEFAULT_SUITES, "compress")
 # key -> (what, bound, "<=" or ">=")
 TARGETS = {
     "dp_time_vs_ddp": ("ringzero dp step time / DDP", 1.00, "<="),
@@ -74,8 +77,9 @@ def add_arguments(parser) -> None:
       help="torch.optim.AdamW implementation of the DDP/FSDP2 peers (default foreach, torch's default; "
            "fused is their fastest here)")
     a("--algorithm", default="auto", help="ringzero collective algorithm (default auto)")
-    a("--suites", default=",".join(SUITE_NAMES),
-      help="comma list of dp, zero3, recompute (default all; may be empty with --tp or --pp)")
+    a("--suites", default=",".join(DEFAULT_SUITES),
+      help="comma list of dp, zero3, recompute, compress (default the first three; empty with --tp, --pp, --compress)")
+    compress_peer.add_arguments(a)
     a("--tp", type=int, default=1,
       help="also compare tensor parallelism over the T = --nproc ranks with torch's parallelize_module (default 1: off)")
     a("--pp", type=int, default=1,
@@ -109,10 +113,11 @@ def build_job(args):
         raise ValueError("--strategy picks ZeRO++'s base: it needs --zeropp")
     suites = tuple(s.strip() for s in args.suites.split(",") if s.strip())
     bad = [s for s in suites if s not in SUITE_NAMES]
-    if bad or not (suites or args.tp > 1 or args.pp > 1):
-        raise ValueError(f"--suites {args.suites!r}: allowed {', '.join(SUITE_NAMES)} (empty with --tp or --pp)")
-    if args.nproc < 2 and set(suites) & {"dp", "zero3"}:
-        raise ValueError(f"--nproc must be at least 2 for dp and zero3, got {args.nproc}")
+    if bad or not (suites or args.tp > 1 or args.pp > 1 or args.compress):
+        raise ValueError(f"--suites {args.suites!r}: allowed {', '.join(SUITE_NAMES)} (empty with --tp, --pp, --compress)")
+    suites += () if args.compress is None or "compress" in suites else ("compress",)
+    if args.nproc < 2 and (need := [s for s in ("dp", "zero3", "compress") if s in suites]):
+        raise ValueError(f"--nproc must be at least 2 for {' and '.join(need)}, got {args.nproc}")
     if args.tp != 1 and args.tp != args.nproc:
         raise ValueError(f"--tp {args.tp}: the comparison splits the model over every rank; give --tp equal to "
                          f"--nproc ({args.nproc}), or 1 for none")
@@ -140,7 +145,7 @@ def build_job(args):
     if args.rc_batch < 1:
         raise ValueError(f"--rc-batch must be >= 1, got {args.rc_batch}")
     return Job(cfg=cfg, suites=suites, rc_shape=rc, rc_batch=args.rc_batch, rc_steps=args.rc_steps,
-               torch_adam=args.torch_adam, pp_cfg=pp_cfg)
+               torch_adam=args.torch_adam, pp_cfg=pp_cfg, compress_cfg=compress_peer.config(args, cfg, suites))
 
 
 def _per_step_max(ranks: list[dict], suite: str, name: str, key: str = "times") -> list:
@@ -223,8 +228,11 @@ def targets(result: dict) -> list[dict]:
                                         ("zero3", ("zero3_time_vs_fsdp2", "zero3_state_vs_fsdp2")),
                                         *((f"pp_{s}", (f"pp_{s}_time_vs_torch",)) for s in PP_SCHEDULES))
                   if "errors" in result.get(suite, {}) for k in keys}
+    compressed = compress_peer.target_values(result)       # key -> ratio, None: the peer could not run
+    vals.update({k: v for k, v in compressed.items() if v is not None})
+    impossible |= {k for k, v in compressed.items() if v is None}
     rows = []
-    for key, (what, bound, op) in {**TARGETS, **TP_TARGETS, **PP_TARGETS}.items():
+    for key, (what, bound, op) in {**TARGETS, **TP_TARGETS, **PP_TARGETS, **compress_peer.TARGETS}.items():
         if key in vals:
             v = vals[key]
             rows.append({"key": key, "what": what, "value": v, "op": op, "bound": bound,
@@ -261,6 +269,8 @@ def benchmark(args) -> dict:
         result["zero3"] = summarize_pair(ranks, "zero3", "rz_zero3", "fsdp2", args.skip)
     if "tp" in job.suites:
         result["tp"] = summarize_pair(ranks, "tp", "rz_tp", "torch_tp", args.skip)
+    if (cc := job.compress_cfg) is not None:
+        result["compress"] = compress_peer.summarize(summarize_pair(ranks, "compress", *compress_peer.variants(cc), args.skip), ranks, cc)
     if job.pp_cfg is not None:
         p = job.pp_cfg
         result["settings"]["pipeline"] = {"layers": p.shape.layers, "micro_batches": p.training.grad_accum,

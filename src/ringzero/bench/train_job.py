@@ -23,7 +23,7 @@ class Job:
     cfg: TrainConfig
     """Model, micro-batch, optimizer and bucket settings of the dp/zero3 comparisons."""
     suites: tuple[str, ...]
-    """"dp", "zero3", "recompute"."""
+    """"dp", "zero3", "recompute", "compress", "tp", "pp_<schedule>"."""
     rc_shape: ModelShape
     rc_batch: int
     rc_steps: int
@@ -31,6 +31,8 @@ class Job:
     """torch.optim.AdamW implementation of the DDP/FSDP2 peers: "fused" or "foreach" (torch's default)."""
     pp_cfg: TrainConfig | None = None
     """The pipeline comparisons' run (pp = the ranks, its micro-batches and layers; schedule per suite)."""
+    compress_cfg: TrainConfig | None = None
+    """The compress suite's ringzero run: `cfg` as dp with `--compress`'s scheme (`bench.compress_peer`)."""
 
 
 def interleaved(variants: dict, steps: int, barrier) -> dict:

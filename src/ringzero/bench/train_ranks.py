@@ -14,6 +14,8 @@ process group:
 - torch pipelining (against ringzero's `--pp` over every rank): `torch.distributed.pipelining`'s
   ScheduleGPipe, Schedule1F1B and ScheduleInterleaved1F1B on the same chunks of the GPT
   (`bench.pp_peer`), + AdamW; ringzero runs the same schedule (`train.pipeline_schedule`).
+- ringzero dp with gradient compression against DDP with torch's matching comm hook
+  (`register_comm_hook`: fp16/bf16_compress_hook, powerSGD_hook; top-k: plain DDP), `bench.compress_peer`.
 - torch tensor parallelism (against ringzero's `--tp` over every rank): `parallelize_module` with
   `ColwiseParallel` on qkv and the first MLP matrix and `RowwiseParallel` on the two output
   projections, + AdamW on the DTensors. The fused qkv rows are reordered first so that torch's
@@ -24,7 +26,8 @@ process group:
 Steps are interleaved (step i of every variant, in an order rotated by i) and each starts after a
 barrier, so drift in the machine's load hits all variants alike; every rank times its own step and
 the parent takes the max over ranks. After the timed steps, one more step per variant measures
-model-state bytes (see `_Torch.transient` and `_Ringzero.transient` for what is counted).
+model-state bytes (see `_Torch.transient` and `_Ringzero.transient` for what is counted) and its loss,
+the loss after the N timed updates.
 
 Recomputation runs on rank 0 alone (`bench.recompute_ranks`).
 """
@@ -43,7 +46,7 @@ from ringzero.run.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
 from ringzero.train.engine import RankResult, Trainer
 from ringzero.train.model import GPT
-from ringzero.bench import pp_peer, tp_peer
+from ringzero.bench import compress_peer, pp_peer, tp_peer
 from ringzero.bench.recompute_ranks import recompute
 from ringzero.bench.train_job import Job, interleaved
 
@@ -202,6 +205,12 @@ class _Torch:
 
 
 def _build(name: str, job: Job, group, data: ByteData):
+    if name.startswith("rz_dp_"):
+        return _Ringzero(job.compress_cfg, group)
+    if name.startswith("ddp_"):           # DDP with torch's comm hook of the compress suite's scheme
+        v = _Torch("ddp", job.cfg, group, data, job.torch_adam)
+        compress_peer.register_torch_hook(v.model, job.compress_cfg, group)
+        return v
     if name.startswith(("rz_pp_", "torch_pp_")):
         schedule = name.rsplit("_", 1)[1]
         cfg = dataclasses.replace(job.pp_cfg, schedule=schedule,
@@ -218,11 +227,11 @@ def _training(job: Job) -> dict:
     cfg = job.cfg
     data = ByteData(load_bytes(cfg.training.data, cfg.training.max_bytes), cfg.shape.seq, seed=cfg.training.seed)
     out: dict = {}
-    for suite in SUITES:
+    for suite in (*SUITES, "compress"):
         if suite not in job.suites:
             continue
         variants, errors = {}, {}
-        for name in SUITES[suite]:
+        for name in compress_peer.variants(job.compress_cfg) if suite == "compress" else SUITES[suite]:
             group = dist.new_group(backend="gloo")
             try:
                 variants[name] = _build(name, job, group, data)
@@ -236,7 +245,7 @@ def _training(job: Job) -> dict:
         res = interleaved(variants, cfg.training.steps, dist.barrier)
         for name, v in variants.items():   # the measuring step, after the timed ones
             dist.barrier()
-            v.step(cfg.training.steps, measure=True)
+            res[name]["loss_after"], _ = v.step(cfg.training.steps, measure=True)
             res[name]["states"] = v.states()
             v.close()
         out[suite] = res

@@ -29,7 +29,7 @@ def print_report(result: dict, console=None) -> None:
                       "the most gathered weights and unreduced gradients alive while a layer computes")
     for col in ("variant", "step", "forward", "backward", "comm wait", "optimizer", "held", "peak", "max |Δloss|"):
         t.add_column(col, justify="left" if col == "variant" else "right")
-    for suite in ("dp", "zero3", "tp"):
+    for suite in ("dp", "zero3", "tp", "compress"):
         r = result.get(suite)
         if r is None:
             continue
@@ -43,6 +43,7 @@ def print_report(result: dict, console=None) -> None:
             t.add_row(name, *(f"{x * 1e3:.1f}" for x in ms), _mib(st["steady"]), _mib(st["peak"]),
                       f"{r['max_loss_diff']:.1e}" if i else "")
     console.print(t)
+    _print_compression(result, console)
     _print_pipelines(result, console)
     if "recompute" in result:
         r = result["recompute"]
@@ -69,6 +70,22 @@ def print_report(result: dict, console=None) -> None:
         t.add_row(row["what"], "-" if row["value"] is None else fmt.format(row["value"]),
                   f"{row['op']} {fmt.format(row['bound'])}", met[row["met"]])
     console.print(t)
+
+
+def _print_compression(result: dict, console) -> None:
+    """The compress suite's pairing, start steps and both losses after the N steps."""
+    r = result.get("compress")
+    if r is None or "errors" in r:
+        return
+    ours, peer = r["variants"]
+    opt = f" rank {r['powersgd_rank']}" if r["powersgd_rank"] else f" fraction {r['topk_fraction']:g}" if r["topk_fraction"] else ""
+    torch_side = f"DDP + {r['torch_hook']} (from step {r['torch_start']})" if r["torch_hook"] else \
+        f"plain DDP (torch has no {r['scheme']} hook: the losses differ by what it drops)"
+    la = r["loss_after"]
+    console.print(f"compression {r['scheme']}{opt}: ringzero dp (from step {r['start']}) against {torch_side}; "
+                  f"loss after {result['settings']['steps']} steps {la[ours]:.4f} ({ours}) vs {la[peer]:.4f} ({peer}); "
+                  f"step time ratio {r['time_ratio']:.2f} (paired {r['paired_time_ratio']:.2f}). ringzero's hook "
+                  "sums, torch's averages; ringzero's optimizer divides by the ranks")
 
 
 def _print_pipelines(result: dict, console) -> None:

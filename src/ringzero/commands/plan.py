@@ -24,6 +24,7 @@ from ringzero.plan.config import Parallel, Training
 from ringzero.plan.estimate import check, estimate, to_dict
 from ringzero.plan.hardware import HARDWARE, Hardware, hardware, whole_nodes
 from ringzero.plan.model.presets import MODELS, TRAINED_TOKENS, model
+from ringzero.plan.strategies.compression_plan import SCHEMES, Compression, compression_for, compression_plan
 from ringzero.plan.strategies.ps_plan import ps_plan
 from ringzero.plan.search.recommend import recommend
 from ringzero.plan.search.space import search
@@ -89,6 +90,9 @@ def add_arguments(parser) -> None:
     a("--prefetch", type=int, default=1, help="ZeRO-3: layers gathered ahead of the one computing (default 1)")
     a("--servers", type=int, metavar="S", help="also plan the dp ranks as workers of S parameter servers "
       "(each on its own network link; needs tp 1, pp 1, zero 0)")
+    a("--compress", default="none", help=f"also plan the dp gradient reduction compressed: {', '.join(SCHEMES)}")
+    a("--powersgd-rank", type=int, metavar="R", help="PowerSGD's rank, with --compress powersgd (default 4)")
+    a("--topk-fraction", type=float, metavar="F", help="top-k's share sent, with --compress topk (default 0.01)")
 
     g = parser.add_argument_group("hardware")
     a = g.add_argument
@@ -189,11 +193,6 @@ def check_output(args) -> None:
         check_path(args.plot)
 
 
-def run_search(args, e):
-    """`ringzero.plan.search.space` over the plan's model, training, hardware and GPU count."""
-    return search(e.model, e.training, e.hardware, e.parallel.gpus, top=args.top)
-
-
 def search_dict(r) -> dict:
     """The "search" object of `--search --json`."""
     return {"evaluated": r.evaluated, "fitting": r.fitting, "seconds": r.seconds, "rate": r.rate,
@@ -222,7 +221,7 @@ def run_recommend(e):
 _FIELD_FLAGS = {"hbm_bytes": "--hbm", "target_mfu": "--mfu", **{f: "--" + f.replace("_", "-") for f in (
     "micro_batch", "global_batch", "tokens", "precision", "optimizer", "zero", "offload", "tp", "pp",
     "sequence_parallel", "schedule", "virtual_stages", "recompute", "dp_algorithm", "bucket_mb", "prefetch", "gpus_per_node",
-    "intra_bw", "inter_bw")}}
+    "intra_bw", "inter_bw", "compress", "powersgd_rank", "topk_fraction")}}
 
 
 def as_flag(exc: ValueError) -> ValueError:
@@ -235,8 +234,8 @@ def as_flag(exc: ValueError) -> ValueError:
 
 
 def _check_interleaved(tr: Training, par: Parallel) -> None:
-    """The interleaved schedule's groups of pp micro-batches, as flags: the planner's own message
-    counts micro-batches, which the command line sets through --global-batch."""
+    """The interleaved schedule's groups of pp micro-batches, as flags: the planner's message counts
+    micro-batches, which the command line sets through --global-batch."""
     if par.schedule == "interleaved" and par.pp > 1 and tr.accumulation(par.dp) % par.pp:
         need = tr.micro_batch * par.dp * par.pp
         raise ValueError(f"--schedule interleaved runs the micro-batches in groups of pp: --global-batch "
@@ -255,15 +254,16 @@ def _check_servers(servers: int, par: Parallel) -> None:
         raise ValueError(f"--{exc}") from None                 # servers=4 -> --servers=4, as the other flags
 
 
-def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
-    """The checked model, training, split and hardware the flags describe (ValueError naming the
-    flag otherwise)."""
+def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware, Compression | None]:
+    """The checked model, training, split, hardware and gradient compression the flags describe
+    (ValueError naming the flag otherwise)."""
     m = build_model(args)
     try:
         tr = build_training(args)
         par, hw = build_parallel(args, m), build_hardware(args)
         _check_interleaved(tr, par)
         check(m, tr, par)                # the global batch against micro-batch x dp; the schedule
+        comp = compression_for(args.compress, args.powersgd_rank, args.topk_fraction, m, par)
     except ValueError as exc:
         raise as_flag(exc) from None
     if args.servers is not None:
@@ -273,16 +273,17 @@ def build_inputs(args) -> tuple[ModelShape, Training, Parallel, Hardware]:
     if not whole_nodes(n, k):
         raise ValueError(f"--gpus {n} does not fill whole nodes of --gpus-per-node {k}; allowed: a multiple "
                          f"of {k} GPUs, or a node size that divides {n} (or {n} or more: one node)")
-    return m, tr, par, hw
+    return m, tr, par, hw, comp
 
 
 def run(args) -> int:
     with usage():
         check_output(args)
-        m, tr, par, hw = build_inputs(args)
+        m, tr, par, hw, comp = build_inputs(args)
     e = estimate(m, tr, par, hw, days=args.days)
-    found = run_search(args, e) if args.search else None
+    found = search(e.model, e.training, e.hardware, e.parallel.gpus, top=args.top) if args.search else None
     ps = ps_plan(e, args.servers) if args.servers is not None else None
+    compressed = compression_plan(e, comp) if comp is not None else None
     if args.plot is not None:
         from ringzero.commands.plan_plot import plot
         plot(e, args.plot)
@@ -290,9 +291,10 @@ def run(args) -> int:
         plan = to_dict(e)
         if ps is not None:
             plan["parameter_server"] = {**dataclasses.asdict(ps), "bottleneck": ps.bottleneck}
+        plan.update({"compression": compressed.to_dict()} if compressed is not None else {})
         print(json.dumps(plan if found is None else {"plan": plan, "search": search_dict(found)}))
         return 0
     from ringzero.commands import plan_render
     plan_render.render(e, tokens_from=tokens_source(args, e.training), advice=run_recommend(e), found=found,
-                       plot=args.plot, ps=ps)
+                       plot=args.plot, ps=ps, compression=compressed)
     return 0

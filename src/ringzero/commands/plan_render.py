@@ -210,6 +210,40 @@ def ps_table(ps) -> Table:
     return t
 
 
+def compression_table(cp, e: Estimate) -> Table:
+    """`plan.strategies.compression_plan`'s figures: the dp gradient reduction without and with the scheme."""
+    c, hw, p, inf = cp.compression, e.hardware, e.parallel, float("inf")
+    label = {"powersgd": f"PowerSGD rank {c.rank}", "topk": f"top-k {c.fraction:g}"}.get(c.scheme, f"{c.scheme} cast")
+    where = f", pipeline stage {cp.stage}" if p.pp > 1 else ""
+    t = _table(f"Gradient compression: {label} on the {cp.strategy} gradient reduction of {cp.ranks} dp ranks over "
+               f"{cp.link}{where}, per GPU per step", "", "uncompressed", "compressed", "note", right=(1, 2))
+    a, b = cp.plain, cp.wire
+    t.add_row("calls", f"{a.calls:,}", f"{b.calls:,}", f"{plural(cp.buckets, 'bucket')} of up to {p.bucket_mb:g} MiB")
+    t.add_row("bytes sent, GB", gb(a.bytes), gb(b.bytes), f"ratio {cp.ratio:.3g}{' (none saved)' if cp.ratio <= 1 else ''}")
+    t.add_row(f"bytes over {cp.link}, GB", gb(a.link_bytes), gb(b.link_bytes), f"at {cp.link_bw / GB:g} GB/s")
+    t.add_row("seconds on the wire", seconds(a.seconds), seconds(b.seconds), "α-β, before overlap with backward")
+    t.add_row("of which latency", seconds(a.latency_seconds), seconds(b.latency_seconds),
+              f"rounds·α: {seconds(cp.extra_latency_s)} s more with {b.calls - a.calls:+,} calls")
+    peak, bw = hw.matmul_flops(e.training.precision) * hw.gemm_efficiency, hw.hbm_bw * hw.memory_efficiency
+    t.add_row("compute seconds", "", seconds(cp.compute_s), f"roofline: max({cp.flops:.3g} FLOPs at {peak / 1e12:.3g} "
+              f"TFLOP/s, {gb(cp.touched_bytes)} GB touched at {bw / 1e12:.3g} TB/s)")
+    saved = cp.saved_s
+    t.add_row("saved per step" if saved >= 0 else "lost per step", "", seconds(abs(saved)),
+              "uncompressed - compressed - compute seconds", style="green" if saved > 0 else "red")
+    be = cp.break_even_bw
+    t.add_row(f"break-even {cp.link} bandwidth", "", "never" if be is None else "any" if be == inf else
+              f"{be / GB:.3g} GB/s", f"pays below it; here {cp.link_bw / GB:g} GB/s" if be is not None and be < inf
+              else "saves no bytes over it" if be is None else "pays at any bandwidth")
+    size = cp.break_even_bucket_bytes
+    t.add_row("break-even bucket", "", "-" if size is None else "none" if size == inf else f"{size / 2**20:.3g} MiB",
+              "no extra calls to repay" if size is None else "no bucket size pays here" if size == inf else
+              f"pays on buckets above it; these are up to {p.bucket_mb:g} MiB")
+    if c.stateful:
+        t.add_row("held between steps, GB", "", gb(sum(cp.state.values())), "error-feedback residual"
+                  + (" and Q" if cp.state["q"] else ""))
+    return t
+
+
 def advice_table(rec) -> Table | str:
     if isinstance(rec, str):
         return f"[yellow]recommendation unavailable: {rec}[/]"
@@ -234,7 +268,7 @@ def search_table(found) -> Table:
 
 
 def render(e: Estimate, *, tokens_from: str, advice=None, found=None, plot: str | None = None,
-           console: Console | None = None, ps=None) -> None:
+           console: Console | None = None, ps=None, compression=None) -> None:
     """Print every section of the plan (and the recommendation and search, when given)."""
     c = console or _console()
     c.print(f"[dim]{UNITS}[/]")
@@ -243,6 +277,8 @@ def render(e: Estimate, *, tokens_from: str, advice=None, found=None, plot: str 
         c.print(table)
     if ps is not None:
         c.print(ps_table(ps))
+    if compression is not None:
+        c.print(compression_table(compression, e))
     if advice is not None:
         c.print(advice_table(advice))
     if found is not None:

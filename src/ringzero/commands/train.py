@@ -37,7 +37,8 @@ FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recom
          "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
          "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits", "prefetch",
          "offload_optimizer", "offload_params", "nvme_path", "offload_buffers", "servers", "ps_mode",
-         "staleness", "save_dir", "save_every", "keep", "init_from", "max_nonfinite", "max_restarts")
+         "staleness", "save_dir", "save_every", "keep", "init_from", "max_nonfinite", "max_restarts",
+         "compress", "powersgd_rank", "compress_start", "topk_fraction")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,8 @@
 """Data parallelism: every rank keeps the whole model and all-reduces its gradients (Li et al. 2020).
 
 Each bucket is all-reduced once per step, on the last micro-batch, as soon as its last gradient has
-arrived (DDP's overlap of communication with backward); the sum is averaged by the optimizer.
+arrived (DDP's overlap of communication with backward); the sum is averaged by the optimizer. A
+registered communication hook (`parallel.compression`) reduces the bucket instead.
 """
 
 from __future__ import annotations
@@ -16,5 +17,7 @@ class DataParallel(FlatStrategy):
     sharding = DP
 
     def _reduce(self, g: FlatGroup) -> None:
-        if self.topology.dp > 1:     # one rank: the sum is the gradient (and no group is needed)
+        if self.comm_hook.active:
+            self.comm_hook.reduce(g)
+        elif self.topology.dp > 1:     # one rank: the sum is the gradient (and no group is needed)
             comm.all_reduce(g.grad_flat, op="sum", group=self.group, algorithm=self._algorithm("all_reduce"))

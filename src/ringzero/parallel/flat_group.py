@@ -48,6 +48,7 @@ class FlatGroup:
         self.grad_shard: torch.Tensor | None = None  # (shard,) reduced gradients of this rank's shard
         self.arrived = 0                             # parameters whose gradient this backward produced
         self.got: set[int] = set()                   # their slots (for the missing-gradient check)
+        self.finite: bool | None = None              # whether grad_flat held no inf/NaN when reduced
 
     @property
     def params(self) -> list[nn.Parameter]:

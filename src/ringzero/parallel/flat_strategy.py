@@ -20,6 +20,8 @@ The public interface, all a trainer, optimizer or benchmark uses:
     before_step()            what precedes the update (ZeRO-3 parameter offload: load the shards)
     after_step()             what follows the update (ZeRO-1/2: gather the weights)
     zero_grad()              zero the gradient accumulators
+    register_comm_hook(h)    reduce each bucket through hook `h` (`parallel.compression`), as DDP's
+    settle(skipped, rescale) the step ended: the hook keeps (or, skipped, drops) its staged state
     held_bytes(), transient_bytes(), layout(), full_params(), close()
 """
 
@@ -34,6 +36,7 @@ from torch import nn
 from ringzero import comm
 from ringzero.plan.strategies.sharding import Strategy
 from ringzero.parallel.comm_queue import CommQueue
+from ringzero.parallel.compression.slot import HookSlot
 from ringzero.parallel.flat import FlatBucket
 from ringzero.parallel.flat_group import FlatGroup, Weights, nbytes
 from ringzero.parallel.sharding_config import ShardingConfig
@@ -70,10 +73,20 @@ class FlatStrategy:
         params, root = self._buckets()
         self.groups = [FlatGroup(FlatBucket(ps, shards, index), i, root=i == root) for i, ps in enumerate(params)]
         self.accumulation, self._hooks = Accumulation.HOOKED, []
+        self.comm_hook = HookSlot()
         for g in self.groups:
             g.bind_full()
             for i, p in enumerate(g.params):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(g, i)))
+
+    def register_comm_hook(self, hook) -> None:
+        """Reduce every bucket through `hook` (a `parallel.compression.CommHook`) instead of the
+        strategy's own collective, from the hook's start step on."""
+        self.comm_hook.register(hook, self)
+
+    def settle(self, skipped: bool, rescale: float = 1.0) -> None:
+        """After the optimizer step (`skipped`: for an overflow; `rescale`: the loss scale's change)."""
+        self.comm_hook.settle(skipped, rescale)
 
     def accumulate_in_place(self) -> None:
         """HOOKED -> IN_PLACE (see `Accumulation`): for strategies that reduce once, after their last
@@ -134,8 +147,8 @@ class FlatStrategy:
             if self.poison:
                 g.grad_flat[0] = float("inf")
                 self.poison = False
-            if not torch.isfinite(torch.sum(g.grad_flat, dtype=torch.float32)):
-                self.nonfinite = True
+            g.finite = bool(torch.isfinite(torch.sum(g.grad_flat, dtype=torch.float32)))
+            self.nonfinite |= not g.finite
         self._reduce(g)
 
     def _reduce(self, g: FlatGroup) -> None:
@@ -231,9 +244,9 @@ class FlatStrategy:
         return out
 
     # -- accounting -----------------------------------------------------------------------------
-    def layout(self) -> list[tuple[int, bool]]:
-        """(elements, is ZeRO-3's root bucket) of every bucket, in order."""
-        return [(g.bucket.numel, g.root) for g in self.groups]
+    def layout(self) -> list[tuple[int, bool, list[tuple[int, ...]]]]:
+        """(elements, is ZeRO-3's root bucket, its parameters' shapes) of every bucket, in order."""
+        return [(g.bucket.numel, g.root, [tuple(s) for s in g.bucket.shapes]) for g in self.groups]
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes of weights and gradients this rank holds between steps (tensor sizes, padding included)."""

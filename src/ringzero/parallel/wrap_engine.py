@@ -28,7 +28,7 @@ from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.tp.grads import TensorParallelGrads
 from ringzero.plan.comm.volume import call_for, formula, volume
-from ringzero.plan.strategies import sharding
+from ringzero.plan.strategies import compression, sharding
 from ringzero.plan.strategies.memory import model_states, state_bytes
 
 
@@ -89,6 +89,7 @@ class Engine:
         self.tp_grads.sync(grads)
         self.strategy.before_step()
         out = self.opt.step(grads, divisor=self.topology.dp * self.grad_accum)
+        self.strategy.settle(out["skipped"])
         self.strategy.after_step()
         self.strategy.zero_grad()
         self._micro = 0
@@ -97,6 +98,15 @@ class Engine:
             total = self._meter.total()
             self.traffic, self._meter = {"bytes_sent": total.bytes_sent, "bytes_recv": total.bytes_recv}, None
         return out
+
+    def register_comm_hook(self, hook) -> None:
+        """Reduce the gradients through `hook` (`parallel.compression`: Cast16, PowerSGD, TopK, or
+        any `CommHook`), as DDP's `register_comm_hook`; its traffic and state become twins."""
+        self.strategy.register_comm_hook(hook)
+
+    def _compression(self):
+        h = self.strategy.comm_hook
+        return h.hook.compression if h.active else None
 
     def zero_grad(self) -> None:
         """Zero the gradient accumulators (`step` does it too) and forget a half-done step."""
@@ -112,7 +122,8 @@ class Engine:
         s, n, r = self.strategy.sharding, self.topology.dp, self.topology.dp_rank
         itemsize = self.opt.shards[0].element_size()
         sent = recv = 0
-        for collective, count, size, times in s.calls(self.strategy.layout(), n, itemsize, self.grad_accum):
+        for collective, count, size, times in s.calls(self.strategy.layout(), n, itemsize, self.grad_accum,
+                                                      self._compression()):
             algo = self.strategy.config.algorithm_for(collective)
             if algo == "auto":
                 algo = select.choose(collective, n, count * size, get_config().node_size(n))
@@ -123,7 +134,7 @@ class Engine:
     def predicted_memory(self) -> dict[str, int]:
         """The ZeRO formulas' weight, gradient and optimizer bytes of this rank (Rajbhandari et al.
         2020, Figure 1) for the model's parameters on this rank."""
-        local = sum(n for n, _ in self.strategy.layout())
+        local = sum(n for n, *_ in self.strategy.layout())
         mixed = "fp32" if self.opt.shards[0].dtype == torch.float32 else "bf16"
         p, g, o, _ = model_states(local, state_bytes(mixed, "adam"), dp=self.topology.dp,
                                   zero=self.strategy.sharding.zero)
@@ -134,14 +145,23 @@ class Engine:
         want, got = self.predicted_traffic(), self.traffic
         rows = [Pair(f"bytes {k.split('_')[1]} per step", want[k], got[k], "bytes") for k in want]
         held, formula_ = self.memory(), self.predicted_memory()
-        return rows + [Pair(f"{k} held", formula_[k], held[k], "bytes") for k in held]
+        rows += [Pair(f"{k} held", formula_[k], held[k], "bytes") for k in held]
+        c = self._compression()
+        if c is not None and c.stateful:
+            kept = compression.state_bytes(c, [b[2] for b in self.strategy.layout()], self.opt.shards[0].element_size())
+            rows += [Pair(f"{c.scheme} {k} held", kept[k], v, "bytes")
+                     for k, v in self.strategy.comm_hook.state_bytes().items() if kept[k]]
+        return rows
 
     def state_dict(self) -> dict:
-        """This rank's state: the full weights by name, and its optimizer shard's (t, master, m, v)."""
+        """This rank's state: the full weights by name, its optimizer shard's (t, master, m, v), and
+        its communication hook's (residuals, Q: they differ on every rank)."""
         o = self.opt
+        hook = self.strategy.comm_hook.hook
         return {"model": self.strategy.full_params(), "optimizer": {
             "t": o.t, "master": [t.clone() for t in o.master], "exp_avg": [t.clone() for t in o.exp_avg],
-            "exp_avg_sq": [t.clone() for t in o.exp_avg_sq]}}
+            "exp_avg_sq": [t.clone() for t in o.exp_avg_sq]},
+            "comm_hook": {k: v.clone() for k, v in hook.state_dict().items()} if hook is not None else {}}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore what `state_dict` returned on this rank (a collective: every rank calls it)."""
@@ -156,6 +176,8 @@ class Engine:
             for shard, master in zip(o.shards, o.master):
                 shard.copy_(master)
         o.t = int(saved["t"])
+        if self.strategy.comm_hook.hook is not None:
+            self.strategy.comm_hook.hook.load_state_dict(state.get("comm_hook", {}))
         self.strategy.after_step()                   # ZeRO-1/2: the full weights from the shards
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ torchtitan's job config is (read from DeepSpeed JSON by `deepspeed.reader`).
     optim       `optim_options.OptimConfig`        AdamW, the lr schedule, clipping, precision
     parallel    `parallel_options.ParallelConfig`  strategy, dp x tp x pp, schedule, buckets, nodes
     zero        `zero_options.ZeroConfig`          ZeRO++, ZeRO-3's prefetch, offloading
+    compress    `compress_options.CompressConfig`  gradient compression on the dp reduction
     ps          `ps_options.ServerConfig`          a parameter server's servers and consistency
     checkpoint  `checkpoint_options.CheckpointConfig`  saves, resume, initial weights
     faults      `fault_options.FaultConfig`        injected faults, restarts, stragglers
@@ -28,8 +29,9 @@ from ringzero.plan.model.shapes import ModelShape
 from ringzero.plan.pipeline import schedule as pipeline
 from ringzero.plan.placement import Placement
 from ringzero.plan.strategies.sharding import Strategy
-from ringzero.run import checkpoint_options, fault_options, ps_options, zero_options
+from ringzero.run import checkpoint_options, compress_options, fault_options, ps_options, zero_options
 from ringzero.run.checkpoint_options import CheckpointConfig
+from ringzero.run.compress_options import CompressConfig
 from ringzero.run.fault_options import FaultConfig
 from ringzero.run.fields import FieldError
 from ringzero.run.gpt_shape import ATTENTIONS
@@ -42,7 +44,7 @@ from ringzero.run.training_options import TrainingConfig
 from ringzero.run.zero_options import ZeroConfig
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "training": TrainingConfig, "optim": OptimConfig,
-                             "parallel": ParallelConfig, "zero": ZeroConfig, "ps": ServerConfig,
+                             "parallel": ParallelConfig, "zero": ZeroConfig, "compress": CompressConfig, "ps": ServerConfig,
                              "checkpoint": CheckpointConfig, "faults": FaultConfig}
 
 
@@ -63,7 +65,7 @@ def choices() -> dict[str, tuple[str, ...]]:
     return {"strategy": STRATEGIES, "schedule": pipeline.SCHEDULES, "precision": PRECISIONS,
             "recompute": RECOMPUTES, "attention": ATTENTIONS, "comm_algorithm": ALGORITHMS,
             "offload_optimizer": zero_options.OFFLOADS, "offload_params": zero_options.OFFLOADS,
-            "ps_mode": ps_options.MODES, "model": TRAINABLE}
+            "ps_mode": ps_options.MODES, "model": TRAINABLE, "compress": compress_options.SCHEMES}
 
 
 @dataclass(frozen=True, init=False)
@@ -73,6 +75,7 @@ class TrainConfig:
     optim: OptimConfig
     parallel: ParallelConfig
     zero: ZeroConfig
+    compress: CompressConfig
     ps: ServerConfig
     checkpoint: CheckpointConfig
     faults: FaultConfig
@@ -96,10 +99,11 @@ class TrainConfig:
 
     def _check(self) -> None:
         """What needs several sections: the model against the tp ranks and the pipeline, then each
-        option module's own (`zero_options`, `ps_options`, `checkpoint_options`, `fault_options`)."""
+        option module's own (`zero_options`, `compress_options`, `ps_options`, `checkpoint_options`, `fault_options`)."""
         self._check_tensor_parallel()
         self._check_pipeline()
         zero_options.check(self)
+        compress_options.check(self)
         ps_options.check(self)
         checkpoint_options.check(self)
         fault_options.check(self)

@@ -57,6 +57,13 @@ class RankResult:
     gathered: dict[str, int] = field(default_factory=dict)
     """ZeRO-3: the most layers it held gathered (or being gathered) at once, {"forward", "backward"}
     (`parallel.zero.zero3.ZeRO3.peak_gathered`); empty otherwise."""
+    compress: dict[str, int] = field(default_factory=dict)
+    """Gradient compression: the bytes its hook keeps between steps, {"residual", "q"} (measured
+    step); empty without it."""
+    traffic_plain: dict = field(default_factory=dict)
+    """Gradient compression: the traffic of the last step before it starts (when the run has one)."""
+    compress_s: list[float] = field(default_factory=list)
+    """Gradient compression: seconds its hook computed (not communicated) in each step."""
     offload: dict = field(default_factory=dict)
     """Offloaded bytes at the measured step: {"optimizer", "params"} each {"device", "host", "disk"},
     and "disk_io" {"optimizer", "params"} each {"read", "write"} of that step (the rates offloading

@@ -2,9 +2,10 @@
 
 Saved with the tensors (`ringzero.checkpoint`): the step (the data position: a step's batch is a
 function of the step), the optimizer's step count, the fp16 loss scaler, every rank's RNG states
-(the default generator and tensor parallelism's tracked ones), the layout and the configuration.
-A run resumed in the same layout restores the RNG states too, so it continues bit for bit; in
-another layout the RNG streams are per rank and cannot carry over (dropout then draws anew).
+(the default generator and tensor parallelism's tracked ones) and its gradient compression's state
+(residuals, PowerSGD's Q), the layout and the configuration. A run resumed in the same layout
+restores those too, so it continues bit for bit; in another layout they are per rank and per
+bucket and cannot carry over (dropout then draws anew, compression starts with no residual).
 What all of this reads off a trainer is `train.protocols.CheckpointedTrainer`.
 """
 
@@ -35,10 +36,15 @@ def layout(trainer: CheckpointedTrainer) -> dict:
 
 
 def _rng(trainer: CheckpointedTrainer) -> dict[str, torch.Tensor]:
+    """This rank's own state: its RNG states, and its communication hook's (gradient compression's
+    residuals and Q, which differ on every rank)."""
     out = {"torch": torch.get_rng_state()}
     tracker = trainer.tp.rng
     if tracker is not None:
         out.update({f"tp.{k}": v.clone() for k, v in tracker.states.items()})
+    hook = trainer.strategy.comm_hook.hook
+    if hook is not None:
+        out.update({f"compress.{k}": v for k, v in hook.state_dict().items()})
     return out
 
 
@@ -206,3 +212,6 @@ def _restore_rng(trainer: CheckpointedTrainer, saved: dict[str, torch.Tensor]) -
         for k in tracker.states:
             if f"tp.{k}" in saved:
                 tracker.states[k] = saved[f"tp.{k}"].clone()
+    hook = trainer.strategy.comm_hook.hook
+    if hook is not None:
+        hook.load_state_dict({k.removeprefix("compress."): v for k, v in saved.items() if k.startswith("compress.")})

@@ -22,6 +22,7 @@ from ringzero.parallel.offload.optimizer import offloaded_adam
 from ringzero.parallel.precision import LossScaler, NoScaler, dtype
 from ringzero.parallel.tp.grads import TensorParallelGrads
 from ringzero.parallel.topology import Topology
+from ringzero.run import compress_options
 from ringzero.run.config import TrainConfig
 from ringzero.run.result import RankResult
 from ringzero.train import checkpointing, offload_probe, offloading
@@ -55,9 +56,10 @@ class Trainer:
             r.strategy.accumulate_in_place()
         self._last_compute = 0.0
         self.data = train_data(cfg)
-        self.span = StepSpan(cfg.training.steps)
+        self.span = StepSpan(cfg.training.steps, compress_options.start(cfg) if cfg.compress.compress != "none" else 0)
         if cfg.checkpoint.resume is not None:
             self.span.set_start(checkpointing.load_checkpoint(self, cfg.checkpoint.resume))
+        r.strategy.comm_hook.set_step(self.span.start)
         if cfg.checkpoint.init_from is not None:
             checkpointing.init_weights(self, cfg.checkpoint.init_from)
         self.saver = checkpointing.Saver(self) if cfg.checkpoint.save_dir is not None else None
@@ -101,7 +103,12 @@ class Trainer:
             res.offload["disk_io"] = {"optimizer": self.opt.io_bytes(), "params": st.offload_io_bytes()}
         with hooks.phase("comm"):
             st.after_step()
+        before = float(self.scaler.scale)
         self.scaler.update(out["skipped"])
+        st.settle(out["skipped"], float(self.scaler.scale) / before)   # a residual follows the loss scale
+        res.compress_s.append(st.comm_hook.take_compute())
+        if measured:
+            res.compress = st.comm_hook.state_bytes()          # kept once the step settled
         self.nonfinite.after(step, out["skipped"], st)
         st.zero_grad()
         ph = hooks.seconds

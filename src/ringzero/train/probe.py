@@ -29,6 +29,7 @@ steps do. Everything runs in the run's own precision, shapes and algorithms:
 - Communication: each distinct collective of the step (`predict.calls`: collective, elements,
   element size) on fresh buffers of the run's dtype, issued on the engine's communication thread
   with the run's algorithm, so it takes the path a step's collectives take.
+- Gradient compression: its hook's compute over the bucket layout, nothing sent (`probe_compress`).
 
 Each figure is the median of `COMPUTE_REPS`, `OPT_REPS`, `COMM_REPS` calls.
 
@@ -54,6 +55,8 @@ from ringzero.parallel.recompute import apply_recompute
 from ringzero.plan.model import flops
 from ringzero.twin import predict
 from ringzero.run.config import TrainConfig
+from ringzero.parallel.compression.cast16 import DTYPES
+from ringzero.train.probe_compress import CompressProbe
 from ringzero.train.probe_tp import TPLayerPass
 from ringzero.twin.rates import call_key
 
@@ -181,6 +184,8 @@ class Prober:
         self.calls = self._calls()
         topo = strategy.topology
         self.tp_pass = TPLayerPass(cfg, topo, self.dtype) if cfg.parallel.tp > 1 and dist.is_initialized() else None
+        hooked = strategy.comm_hook.hook is not None and topo.dp > 1
+        self.compress = CompressProbe(strategy) if hooked else None
         self.warm = False
 
     def _calls(self) -> dict[str, object]:
@@ -193,7 +198,10 @@ class Prober:
         for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout(), self.sp_elements, topo.rank):
             for collective, elements, itemsize, _ in calls:
                 key = call_key(collective, elements, itemsize, group)
-                dt = {4: torch.float32, 1: torch.uint8}.get(itemsize, self.dtype)   # 1: ZeRO++'s codes
+                # 1: ZeRO++'s codes, top-k's packed pairs; 2 under fp16/bf16 compression: its type
+                dt = {4: torch.float32, 1: torch.uint8}.get(itemsize, self.dtype)
+                if itemsize == 2 and group in predict.DP_GROUPS and self.cfg.compress.compress in DTYPES:
+                    dt = DTYPES[self.cfg.compress.compress]
                 if key not in out:
                     out[key] = _collective(collective, elements, dt, n, groups[group],
                                            algorithms[group](collective))
@@ -247,6 +255,8 @@ class Prober:
             dist.barrier(everyone)
             timed = self.queue.submit(_time_calls, self.calls).result()
         self.queue.drain()
+        if self.compress is not None:
+            extra["compress_s"] = self.compress()
         return {"flops": rate, "optimizer_s_per_param": opt_s, "comm": timed,
                 "cost_s": time.perf_counter() - t0, "warmup_s": warmup, **extra}
 

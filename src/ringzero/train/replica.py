@@ -4,7 +4,8 @@ copy of the model, the data and its share of each step's batch, Adam's hyperpara
 parameter server builds the model too, for the initial values and bucket layout of its range.
 
 Order of application (torchtitan's): model -> precision (cast) -> tensor parallelism ->
-recomputation -> pipeline cut (this rank's stage) -> sharding (DP/ZeRO over the dp group). Every
+recomputation -> pipeline cut (this rank's stage) -> sharding (DP/ZeRO over the dp group) -> its
+communication hook (gradient compression, `parallel.compression`). Every
 rank seeds the same generator before the model is built, so every replica starts from the same
 weights before any split.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ringzero.parallel.comm_queue import CommQueue
+from ringzero.parallel.compression import hook_for
 from ringzero.parallel.optimizer import AdamConfig
 from ringzero.parallel.pp.pipeline import apply_pipeline
 from ringzero.parallel.precision import dtype
@@ -23,7 +25,7 @@ from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.tp.grads import unshard
 from ringzero.parallel.tp.tensor_parallel import apply_tensor_parallel
 from ringzero.parallel.topology import Topology
-from ringzero.run import zero_options
+from ringzero.run import compress_options, zero_options
 from ringzero.run.config import TrainConfig
 from ringzero.train import offloading
 from ringzero.train.data import ByteData, load_bytes
@@ -49,6 +51,9 @@ class Replica:
             sharding=cfg.sharding, bucket_mb=cfg.parallel.bucket_mb, prefetch=cfg.zero.prefetch,
             algorithm=cfg.parallel.comm_algorithm, zeropp=zero_options.zeropp(cfg, topology.world),
             offload_params=offloading.param_offload(cfg)), self.queue)
+        hook = hook_for(compress_options.compression(cfg), compress_options.start(cfg), seed=cfg.training.seed)
+        if hook is not None:
+            self.strategy.register_comm_hook(hook)
 
     def full_params(self) -> dict[str, list[float]]:
         """Every parameter of this rank's pipeline stage, its full value (gathered over dp when

@@ -25,19 +25,22 @@ class StepSpan:
     """The steps a run takes, `start` (0, or where a resumed run continues) to `steps`, and
     `measured`, the one whose traffic and saved activations go into the result."""
 
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
+    def __init__(self, steps: int, first: int = 0) -> None:
+        self.steps, self.first = steps, first
         self.set_start(0)
 
     def set_start(self, step: int) -> None:
-        """Begin at `step` (a resumed run): the steps run, and the one whose traffic is measured."""
+        """Begin at `step` (a resumed run): the steps run, and the one whose traffic is measured
+        (not before `first`: a compressed run measures a compressed step)."""
         self.start = step
-        self.measured = step + min(MEASURE_STEP, self.steps - step - 1)
+        self.measured = max(step + min(MEASURE_STEP, self.steps - step - 1), min(self.first, self.steps - 1))
+        self.plain = self.first - 1 if self.first >= 1 and self.first - 1 >= step else None
+        """The last step before compression starts (its traffic: the uncompressed twin), or None."""
 
     def timed(self, step_fn, step: int, res: RankResult, totals: list[float]):
         """`step_fn(step, res)`, its seconds appended to `totals` and its collectives to `res.calls`;
-        the measured step's traffic metered into `res`."""
-        meter = comm.TrafficMeter() if step == self.measured else contextlib.nullcontext()
+        the measured step's traffic metered into `res` (and the last plain step's, `plain`)."""
+        meter = comm.TrafficMeter() if step in (self.measured, self.plain) else contextlib.nullcontext()
         t0 = time.perf_counter()
         with meter, Timeline() as calls:
             out = step_fn(step, res)
@@ -45,6 +48,8 @@ class StepSpan:
         res.calls.append(calls)
         if step == self.measured:
             res.traffic = meter.summary()
+        elif step == self.plain:
+            res.traffic_plain = meter.summary()
         return out
 
 
@@ -73,7 +78,7 @@ def summarise(res: RankResult, totals: list[float], phases: list[dict], strategy
     """Step times and per-phase medians of the steady steps (warm-up left out when there are
     enough steps) and `strategy`'s bucket layout, into `res`; returns the steady slice."""
     steady = slice(min(2, len(totals) - 1), None)
-    res.step_times, res.calls = totals[steady], res.calls[steady]
+    res.step_times, res.calls, res.compress_s = totals[steady], res.calls[steady], res.compress_s[steady]
     res.step_time = statistics.median(res.step_times)
     res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
     res.buckets = strategy.layout()

@@ -26,7 +26,7 @@ def predict_offload(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, b
     `buckets` ((elements, is root) each), at the engine's measured step."""
     dp = cfg.placement(world).dp
     s = cfg.sharding
-    shards = [(shard_numel(n, dp), root) for n, root in buckets]
+    shards = [(shard_numel(n, dp), root) for n, root, *_ in buckets]
     updated = optimizer_shards(cfg, world, buckets)
     wb, count = cfg.value_bytes, cfg.zero.offload_buffers
     opt, params = OffloadDevice(cfg.zero.offload_optimizer), OffloadDevice(cfg.zero.offload_params)
@@ -48,7 +48,7 @@ def optimizer_shards(cfg: TrainConfig, world: int, buckets: Sequence[tuple[int, 
     bucket under DP."""
     dp = cfg.placement(world).dp
     s = cfg.sharding
-    return [shard_numel(n, dp) if s.shard_optimizer else n for n, _ in buckets]
+    return [shard_numel(n, dp) if s.shard_optimizer else n for n, *_ in buckets]
 
 
 def offload_needs(cfg, world: int) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from ringzero.plan.strategies.memory import model_states, state_bytes
 from ringzero.plan.model.shapes import ModelShape
 from ringzero.twin import pipeline as pipe
 from ringzero.twin.pipeline import fused_attention
-from ringzero.run import zero_options
+from ringzero.run import compress_options, zero_options
 from ringzero.run.config import TrainConfig
 
 
@@ -73,9 +73,11 @@ def local_params(cfg: TrainConfig, world: int, rank: int = 0) -> int:
 
 def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, int, int]]:
     """The data-parallel collectives of one step on `world` ranks: (collective, elements, itemsize,
-    times) for `buckets` of (elements, is the ZeRO-3 root), from the strategy's schedule
-    (`plan.strategies.sharding`), on the dp group."""
-    return cfg.sharding.calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.training.grad_accum)
+    times) for `buckets` of (elements, is the ZeRO-3 root, shapes), from the strategy's schedule
+    (`plan.strategies.sharding`), on the dp group; with gradient compression, the measured step's
+    (the run measures a compressed step: `train.steps.StepSpan`)."""
+    return cfg.sharding.calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.training.grad_accum,
+                              compress_options.compression(cfg))
 
 
 def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:

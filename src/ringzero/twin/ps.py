@@ -71,7 +71,7 @@ def step_twin(cfg: TrainConfig, workers: list[RankResult], servers: list[RankRes
 
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
     workers, servers = split(results)
-    numel = sum(n for n, _ in workers[0].buckets)
+    numel = sum(n for n, *_ in workers[0].buckets)
     push, pull = worker_bytes(numel, cfg.value_bytes)
     ingress = server_ingress(numel, cfg.value_bytes, len(workers), len(servers))
     rows = [Twin("push bytes per worker per step", push, max(_op(w, "ps/push", "bytes_sent") for w in workers), "bytes"),
@@ -115,7 +115,7 @@ def render(cfg: TrainConfig, world: int, results: list[RankResult], console) -> 
     rows = twins(cfg, world, results)
     render_twins(rows, console)
     workers, servers = split(results)
-    numel = sum(n for n, _ in workers[0].buckets)
+    numel = sum(n for n, *_ in workers[0].buckets)
     eps = imbalance(server_ranges(numel, len(servers)))
     table = Table(title=f"parameter server, {cfg.ps.ps_mode}"
                         + (f" S={cfg.ps.staleness}" if cfg.ps.ps_mode == "ssp" else "")

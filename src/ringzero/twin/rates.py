@@ -34,7 +34,7 @@ def median_rates(points: list[dict]) -> dict:
     out = {"flops": statistics.median(p["flops"] for p in points),
            "optimizer_s_per_param": statistics.median(p["optimizer_s_per_param"] for p in points),
            "comm": {k: statistics.median(p["comm"][k] for p in points) for k in comm_keys}}
-    for key in ("alone_flops", "tp_layer_comm_s"):
+    for key in ("alone_flops", "tp_layer_comm_s", "compress_s"):
         if all(key in p for p in points):
             out[key] = statistics.median(p[key] for p in points)
     return out

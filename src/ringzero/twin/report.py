@@ -20,6 +20,7 @@ import math
 import os
 import statistics
 
+from ringzero.twin import compression as report_compression
 from ringzero.twin import predict
 from ringzero.twin import zero as report_zero
 from ringzero.twin import pipeline as pipe
@@ -107,7 +108,8 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
                       None if opaque else max(total_recv), "bytes")]
     rows += report_zero.link_twins(cfg, world, results) + report_zero.zeropp_twins(cfg, world, results) \
         + report_zero.gathered_twins(cfg, world, results) \
-        + report_zero.offload_twins(cfg, world, results)
+        + report_zero.offload_twins(cfg, world, results) \
+        + report_compression.twins(cfg, world, results, run_rates(results, cfg))
     if cfg.parallel.pp > 1:
         rows += pipeline_twins(cfg, world, results)
     rows += report_wait.twins(cfg, world, results)
@@ -272,4 +274,6 @@ def _fmt(x: float, unit: str) -> str:
         return f"{x * 1e3:,.1f} ms"
     if unit == "fraction":
         return f"{x:.1%}"
+    if unit == "x":
+        return f"{x:,.2f}x"
     return f"{x:,.0f} {unit}"

@@ -36,6 +36,9 @@ changed during the run shows there.
   `twin.wait` predicts; Ho et al. 2013 §1). It is added once, whichever rank is priced.
   R's own compute is priced at the share of the cores it gets while its peers wait for it
   (`predict_straggler`, from the block timed alone on R beside the pooled rate).
+- Gradient compression: its hook's compute per step as the probe timed it (`probe_compress`),
+  counted with the exposed communication: the hook runs on the communication thread, on the cores
+  backward uses, so (as above) no overlap is credited.
 - Optimizer: the shard's parameters (`predict.optimizer_shard`) at the seconds per parameter the
   probe measured for `ShardedAdam.step` on shards of this rank's sizes and dtype (the norm's
   all-reduce, where ranks wait for each other, counts as communication).
@@ -130,12 +133,14 @@ def step_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     straggler = straggler_seconds(cfg, world, rates, comm["in_compute"])
     f = pipe.bubble(cfg) if cfg.parallel.pp > 1 else 0.0
     bubble = bubble_seconds(compute, f)
+    compress = rates.get("compress_s", 0.0)     # the hook's compute, on the cores backward uses
     optimizer = predict.optimizer_shard(cfg, world, rank) * rates["optimizer_s_per_param"]
     if "offload" in rates:                  # the offloaded update's chunk loop or swap pipeline
         optimizer = report_zero.offload_update_seconds(cfg, world, buckets, rates)
+    exposed = comm["exposed"] + compress
     return {"arithmetic": arithmetic, "in_compute": comm["in_compute"], "compute": compute, "bubble": bubble,
-            "straggler": straggler, "comm": comm["exposed"], "optimizer": optimizer,
-            "step": compute + bubble + straggler + comm["exposed"] + optimizer}
+            "straggler": straggler, "comm": exposed, "compress": compress, "optimizer": optimizer,
+            "step": compute + bubble + straggler + exposed + optimizer}
 
 
 def unpriced(cfg: TrainConfig, world: int, cores: int) -> list[str]:

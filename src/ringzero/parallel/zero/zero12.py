@@ -22,6 +22,9 @@ class ZeRO1(FlatStrategy):
     def _reduce(self, g: FlatGroup) -> None:
         if self.topology.dp == 1:
             out = g.grad_flat.clone()
+        elif self.comm_hook.active:         # `parallel.compression`: its shard of the hook's sum
+            out = g.bucket.empty(shard=True)
+            self.comm_hook.reduce(g, out)
         else:
             out = g.bucket.empty(shard=True)
             comm.reduce_scatter_tensor(out, g.grad_flat, op="sum", group=self.group,

@@ -237,7 +237,7 @@ def param_io_per_step(device: OffloadDevice, buckets: Sequence[tuple[int, bool]]
     """
     if device is not OffloadDevice.NVME:
         return {"read": 0, "write": 0}
-    records = [(param_record_bytes(n, weight_bytes), root) for n, root in buckets]
+    records = [(param_record_bytes(n, weight_bytes), root) for n, root, *_ in buckets]
     k = 1 if secondary else 2
     per_micro = sum(r if root else k * r for r, root in records)
     total = sum(r for r, _ in records)

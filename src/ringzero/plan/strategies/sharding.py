@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ringzero.plan.strategies.compression import Compression, bucket_calls
+
 
 def shard_numel(numel: int, ranks: int) -> int:
     """⌈n/N⌉: the elements of each rank's shard of a flat bucket of `numel` over `ranks` dp ranks.
@@ -85,18 +87,24 @@ class Strategy:
         the fp16 overflow check) is summed over the ranks: one fp32 all-reduce of one number."""
         return self.shard_optimizer
 
-    def calls(self, buckets: list[tuple[int, bool]], ranks: int, itemsize: int,
-              micro_batches: int) -> list[tuple[str, int, int, int]]:
+    def calls(self, buckets: list[tuple], ranks: int, itemsize: int, micro_batches: int,
+              compression: Compression | None = None) -> list[tuple[str, int, int, int]]:
         """(collective, elements, itemsize, calls per step) of one step over `buckets` of (elements,
-        is ZeRO-3's root) on `ranks` dp ranks: a sharded bucket is padded to a multiple of the ranks."""
+        is ZeRO-3's root[, its parameters' shapes]) on `ranks` dp ranks: a sharded bucket is padded
+        to a multiple of the ranks. With `compression`, the gradient's reduction is the scheme's
+        calls (`compression.bucket_calls`, which needs the shapes)."""
         if ranks == 1:
             return []
         out = []
-        for numel, root in buckets:
+        for numel, root, *shapes in buckets:
             count = numel if not self.shard_optimizer else padded_numel(numel, ranks)
             for c in self.collectives:
-                if c.times(micro_batches, root):
-                    out.append((c.collective, count, itemsize, c.times(micro_batches, root)))
+                times = c.times(micro_batches, root)
+                if times and compression is not None and compression.on and c is self.gradient:
+                    out += [(*call, times) for call in bucket_calls(compression, shapes[0] if shapes else [], numel,
+                                                                    count, ranks, itemsize, c.collective)]
+                elif times:
+                    out.append((c.collective, count, itemsize, times))
         if self.norm_all_reduce:
             out.append(("all_reduce", 1, 4, 1))
         return out

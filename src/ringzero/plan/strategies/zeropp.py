@@ -102,7 +102,7 @@ def bucket_calls(cfg: ZeroPP, numel: int, root: bool, dp: int, itemsize: int,
 def calls(cfg: ZeroPP, buckets: list[tuple[int, bool]], dp: int, itemsize: int,
           micro_batches: int) -> list[tuple[str, str, int, int, int]]:
     """Every bucket's calls of one step, then the norm's all-reduce of one fp32 over dp."""
-    out = [c for numel, root in buckets for c in bucket_calls(cfg, numel, root, dp, itemsize, micro_batches)]
+    out = [c for numel, root, *_ in buckets for c in bucket_calls(cfg, numel, root, dp, itemsize, micro_batches)]
     return out + ([("dp", "all_reduce", 1, 4, 1)] if dp > 1 else [])
 
 
@@ -110,7 +110,7 @@ def secondary_bytes(cfg: ZeroPP, buckets: list[tuple[int, bool]], dp: int, items
     """hpZ's secondary copy held per rank: 1/partition of every layer bucket (the root never needs one)."""
     if not cfg.hpz:
         return 0
-    return sum(padded_numel(numel, dp) // cfg.partition * itemsize for numel, root in buckets if not root)
+    return sum(padded_numel(numel, dp) // cfg.partition * itemsize for numel, root, *_ in buckets if not root)
 
 
 def group_members(cfg: ZeroPP, group: str, dp_members: tuple[int, ...], dp_rank: int) -> tuple[int, ...]:

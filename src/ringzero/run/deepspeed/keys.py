@@ -18,7 +18,7 @@ _WARMUP = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", 
 MAPPED: dict[str, set[str]] = {
     "": {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
          "steps_per_print", "optimizer", "scheduler", "fp16", "bf16", "bfloat16", "zero_optimization",
-         "tensor_parallel"},
+         "tensor_parallel", "communication_data_type"},
     "zero_optimization": {"stage", "reduce_bucket_size", "allgather_bucket_size", "offload_optimizer",
                           "offload_param", "zero_quantized_weights", "zero_quantized_gradients",
                           "zero_hpz_partition_size"},
@@ -56,7 +56,6 @@ TUNING: dict[str, str] = {
     "prescale_gradients": "ringzero sums the gradients and divides once, in the optimizer's fp32 step",
     "gradient_predivide_factor": "ringzero sums the gradients and divides once, in the optimizer's fp32 step",
     "sparse_gradients": "ringzero's embedding has dense gradients",
-    "communication_data_type": "ringzero's collectives carry gradients in the training precision",
     "seq_parallel_communication_data_type": "ringzero's collectives carry activations in the training precision",
     "data_types": "ringzero accumulates gradients in the training precision (grad_accum_dtype is not used)",
     "pipeline": "DeepSpeed's PipelineModule options; ringzero's pipeline is set by --pp, --schedule and "

@@ -18,7 +18,8 @@ import sys
 from ringzero.json_input import unique_keys
 from ringzero.run.deepspeed import schedule
 from ringzero.run.config import FieldError, TrainConfig
-from ringzero.run.deepspeed.sections import Reader, optimizer, precision, zero
+from ringzero.run.deepspeed.sections import Reader, communication, optimizer, precision, zero
+from ringzero.run.optim_options import OptimConfig
 
 
 def read_json(path: str, what: str = "config file"):
@@ -61,10 +62,30 @@ def _settings(r: Reader, ds: dict) -> None:
     r.put("tp", r.number(r.section(ds, "tensor_parallel"), "autotp_size", int, "tensor_parallel.autotp_size"),
           "tensor_parallel.autotp_size")
     precision(r, ds)
+    communication(r, ds)
     if "optimizer" in ds:
         optimizer(r, r.section(ds, "optimizer"))
     if "scheduler" in ds:                            # after the optimizer: its peak lr wins, as in DeepSpeed
         schedule.scheduler(r, r.section(ds, "scheduler"))
+
+
+def _communication(r: Reader, overrides: dict) -> None:
+    """communication_data_type -> compress. DeepSpeed casts the gradients to it for their reduction:
+    a 16-bit type other than the training precision is ringzero's cast of the gradient buckets
+    (compress=fp16/bf16, `plan.strategies.compression`); the training precision itself asks for
+    nothing, and fp32 under 16-bit training has no effect here. DeepSpeed casts from the first step,
+    so the cast starts at step 0 (unless --compress-start says otherwise); a --compress flag wins."""
+    v = r.later.get("communication_data_type")
+    train = overrides.get("precision") or r.kw.get("precision", OptimConfig.precision)
+    if v is None or "compress" in overrides or v == train:
+        return
+    if v == "fp32":
+        r.note(f"communication_data_type fp32 has no effect here: ringzero reduces the gradients in the training "
+               f"precision ({train})")
+        return
+    r.put("compress", v, "communication_data_type")
+    if "compress_start" not in overrides:
+        r.put("compress_start", 0, "communication_data_type")
 
 
 def _built(path: str, r: Reader, overrides: dict, make) -> TrainConfig:
@@ -155,6 +176,7 @@ def from_deepspeed(path: str, world: int, *, say=_stderr, **overrides) -> TrainC
         raise ValueError(f"config file {path!r} must hold a JSON object, got {type(ds).__name__}")
     r = Reader()
     _settings(r, ds)
+    _communication(r, overrides)
     cfg = _built(path, r, overrides, lambda: TrainConfig(**{**r.kw, **overrides}))
     cfg = _bucket(path, r, _batch(path, r, cfg, world, overrides), overrides)
     _late_notes(r, cfg)

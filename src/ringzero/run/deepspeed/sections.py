@@ -177,6 +177,21 @@ def precision(r: Reader, ds: dict) -> None:
     r.later["scaler_keys"] = [f"fp16.{k}" for k, f in SCALER_KEYS.items() if f in given]
 
 
+COMMUNICATION_TYPES = ("fp16", "bf16", "fp32")
+"""DeepSpeed's `communication_data_type` values (it lowercases them; null: the training precision)."""
+
+
+def communication(r: Reader, ds: dict) -> None:
+    """communication_data_type: the dtype DeepSpeed reduces gradients in, kept for `reader` to map
+    once the training precision is known."""
+    v = ds.get("communication_data_type")
+    if v is None or r.is_auto(v, "communication_data_type"):
+        return
+    if not isinstance(v, str) or v.lower() not in COMMUNICATION_TYPES:
+        raise ValueError(f"communication_data_type={v!r}; allowed: {', '.join(COMMUNICATION_TYPES)}")
+    r.later["communication_data_type"] = v.lower()
+
+
 def optimizer(r: Reader, opt: dict) -> None:
     """optimizer: Adam or AdamW (ringzero's is AdamW: decoupled weight decay, bias-corrected moments)."""
     kind = opt.get("type", "adam")
