@@ -6,6 +6,7 @@ bad input refused before any rank starts."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
@@ -51,7 +52,7 @@ def test_bytes_and_state_are_predicted_exactly(pool, world):
             assert predict.traffic(cfg, world, r.buckets, r.rank)["bytes_sent"] == _sent(r.traffic), case
             assert predict.traffic(plain, world, r.buckets, r.rank)["bytes_sent"] == _sent(r.traffic_plain), case
             assert _sent(r.traffic) < _sent(r.traffic_plain), case
-            held = state_bytes(c, [b[2] for b in r.buckets], cfg.value_bytes)
+            held = state_bytes(c, [b[2] for b in r.buckets], cfg.value_bytes, cfg.optim.precision == "fp16")
             assert r.compress == held, case
             assert (held["residual"] > 0) == c.stateful and (held["q"] > 0) == (c.scheme == "powersgd"), case
         rows = {t.name: t for t in compression_twins.twins(cfg, world, results, {})}   # no probe: no step twin
@@ -107,11 +108,14 @@ def test_resume_continues_bit_for_bit(pool, tmp_path):
         resumed = dataclasses.replace(whole, resume=str(d / "step-00000002"))
         out.append((whole, first, resumed))
     per_rank = pool.run(_train, [c for trio in out for c in trio[:2]], True, world=2)
-    again = pool.run(_train, [trio[2] for trio in out], True, world=2)
+    rebucketed = [dataclasses.replace(trio[2], bucket_mb=0.5) for trio in out]   # the saved residuals do not fit
+    again = pool.run(_train, [trio[2] for trio in out] + rebucketed, True, world=2)
     for j, (whole, *_rest) in enumerate(out):
         for rank in range(2):
             assert again[rank][j].params == per_rank[rank][2 * j].params, (whole.compress.compress, rank)
             assert again[rank][j].losses == per_rank[rank][2 * j].losses[2:]
+            fresh = again[rank][len(out) + j]              # resumed with no residual: runs, and differs
+            assert all(map(math.isfinite, fresh.losses)) and fresh.params != per_rank[rank][2 * j].params
 
 
 @pytest.mark.parametrize("argv,words", [
@@ -121,7 +125,10 @@ def test_resume_continues_bit_for_bit(pool, tmp_path):
     (["--compress", "fp16", "--strategy", "ps"], ("compress", "ps")),
     (["--compress", "topk", "--strategy", "zero2"], ("ZeRO-2", "zero1")),
     (["--compress", "powersgd", "--powersgd-rank", "0"], ("powersgd_rank", ">= 1")),
-    (["--compress", "powersgd", "--powersgd-rank", "100000"], ("powersgd_rank", "smaller side")),
+    (["--compress", "powersgd", "--powersgd-rank", "100000"], ("powersgd_rank", "compresses no matrix", "allowed 1..")),
+    (["--compress", "powersgd", "--pp", "2", "--grad-accum", "2"], ("pp=2", "tied embedding")),
+    (["--compress", "topk", "--tp", "2"], ("tp=2", "LayerNorm")),
+    (["--compress-start", "3"], ("compress_start", "powersgd")),
     (["--compress", "topk", "--topk-fraction", "0"], ("topk_fraction", "(0, 1]")),
     (["--compress", "topk", "--topk-fraction", "1.5"], ("topk_fraction", "(0, 1]")),
     (["--compress", "fp16", "--compress-start", "-1"], ("compress_start", ">= 0")),
@@ -142,8 +149,10 @@ def _wrapped(group, strategy, hook_name, steps=4, state=None, start=0):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 1))
     engine = wrap(model, strategy=strategy, optimizer=AdamConfig(lr=1e-2), group=group, bucket_mb=0.01)
+    from ringzero.parallel.compression import Starting
     engine.register_comm_hook({"fp16": lambda: Cast16("fp16"), "powersgd": lambda: PowerSGD(2, seed=3),
-                               "topk": lambda: TopK(0.1)}[hook_name]())
+                               "topk": lambda: TopK(0.1),
+                               "powersgd-late": lambda: Starting(PowerSGD(2, seed=3), 4)}[hook_name]())
     if state is not None:
         engine.load_state_dict(state)
     rank = torch.distributed.get_rank(group)
@@ -157,14 +166,17 @@ def _wrapped(group, strategy, hook_name, steps=4, state=None, start=0):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("strategy,hook", [("dp", "powersgd"), ("zero1", "topk"), ("zero2", "fp16")])
+@pytest.mark.parametrize("strategy,hook", [("dp", "powersgd"), ("zero1", "topk"), ("zero2", "fp16"),
+                                           ("dp", "powersgd-late")])
 def test_a_hook_on_a_wrapped_model_has_its_twins_and_resumes(pool, strategy, hook):
+    """The twins hold after the last of 4 steps ("powersgd-late" starts at step 4: the last step
+    is the plain reduction's, and the resumed run's two steps PowerSGD's)."""
     runs = pool.run(_wrapped, strategy, hook, world=2)
     for twins, _ in runs:
         by = {name: (p, m) for name, p, m in twins}
         assert by["bytes sent per step"][0] == by["bytes sent per step"][1] > 0, by
         held = [name for name in by if name.startswith(hook)]
-        assert (len(held) > 0) == (hook != "fp16"), by
+        assert (len(held) > 0) == (hook in ("powersgd", "topk")), by
         for name in held:
             assert by[name][0] == by[name][1] > 0, (name, by[name])
     whole = pool.run(_wrapped, strategy, hook, 6, world=2)
@@ -194,3 +206,40 @@ def test_topk_selection_by_sampling_is_the_exact_top_k():
     a[12345], a[54321] = float("nan"), float("inf")
     picked = set(largest(a, 100).tolist())
     assert {12345, 54321} <= picked
+
+
+def test_hook_edge_cases_alone():
+    """Without ranks (`LocalLink`: every rank holds this one's tensors): fp16's cast cannot overflow
+    where the mean would not; an fp16 residual is kept in fp32, so doubling the loss scale cannot
+    make it inf; a zero matrix gradient stays zero through PowerSGD's orthogonalisation; the start
+    step travels with the hook's state."""
+    import torch
+    from ringzero.parallel.compression import Cast16, PowerSGD, Starting, TopK
+    from ringzero.parallel.compression.bucket import GradBucket, LocalLink
+
+    def bucket(values, shapes):
+        t = torch.tensor(values) if not isinstance(values, torch.Tensor) else values
+        offsets = [0]
+        for s in shapes:
+            offsets.append(offsets[-1] + math.prod(s))
+        return GradBucket(0, t, offsets, [torch.Size(s) for s in shapes])
+
+    b = bucket([1e5, 1.0], [(2,)])
+    Cast16("fp16").reduce(b, LocalLink(4))
+    assert torch.isfinite(b.buffer).all() and abs(float(b.buffer[0]) - 1e5) <= 1e5 * 2 ** -10   # fp16 rounding
+
+    hook = TopK(0.5)
+    b = bucket(torch.tensor([34000.0, 40000.0, 1.0, 1.0], dtype=torch.float16), [(4,)])
+    hook.reduce(b, LocalLink(1))
+    hook.settle(False, rescale=2.0)
+    assert hook.residuals.kept[0].dtype == torch.float32 and torch.isfinite(hook.residuals.kept[0]).all()
+
+    p = Starting(PowerSGD(2), 0)
+    b = bucket(torch.zeros(64), [(8, 8)])
+    p.reduce(b, LocalLink(2))
+    assert torch.equal(b.buffer, torch.zeros(64))
+    p.settle(False)
+    again = Starting(PowerSGD(2), 5)
+    again.load_state_dict(p.state_dict())
+    assert again.step == 1 and again.inner.qs.kept.keys() == {0}
+

@@ -60,6 +60,7 @@ class Engine:
         self.opt = ShardedAdam(self.strategy.owned_weights(), optimizer, self.tp_grads.sum_over_owners(),
                                self.tp_grads.counted if topology.tp > 1 else None)
         self._micro, self._meter, self.traffic = 0, None, {"bytes_sent": 0, "bytes_recv": 0}
+        self._reduced_with = None          # the last step's compression (`plan.strategies.compression`), if any
 
     def __call__(self, *args, **kwargs):
         """The model's forward (the first micro-batch of a step opens the step's traffic meter)."""
@@ -89,6 +90,7 @@ class Engine:
         self.tp_grads.sync(grads)
         self.strategy.before_step()
         out = self.opt.step(grads, divisor=self.topology.dp * self.grad_accum)
+        self._reduced_with = self._compression()     # what this step reduced with, before settling moves on
         self.strategy.settle(out["skipped"])
         self.strategy.after_step()
         self.strategy.zero_grad()
@@ -105,6 +107,7 @@ class Engine:
         self.strategy.register_comm_hook(hook)
 
     def _compression(self):
+        """The scheme the next reduction runs (None: the strategy's own)."""
         h = self.strategy.comm_hook
         return h.hook.compression if h.active else None
 
@@ -123,7 +126,7 @@ class Engine:
         itemsize = self.opt.shards[0].element_size()
         sent = recv = 0
         for collective, count, size, times in s.calls(self.strategy.layout(), n, itemsize, self.grad_accum,
-                                                      self._compression()):
+                                                      self._reduced_with):
             algo = self.strategy.config.algorithm_for(collective)
             if algo == "auto":
                 algo = select.choose(collective, n, count * size, get_config().node_size(n))
@@ -146,9 +149,11 @@ class Engine:
         rows = [Pair(f"bytes {k.split('_')[1]} per step", want[k], got[k], "bytes") for k in want]
         held, formula_ = self.memory(), self.predicted_memory()
         rows += [Pair(f"{k} held", formula_[k], held[k], "bytes") for k in held]
-        c = self._compression()
+        c = self._reduced_with
         if c is not None and c.stateful:
-            kept = compression.state_bytes(c, [b[2] for b in self.strategy.layout()], self.opt.shards[0].element_size())
+            g = self.strategy.groups[0].bucket
+            kept = compression.state_bytes(c, [b[2] for b in self.strategy.layout()], g.params[0].element_size(),
+                                           g.dtype == torch.float16)
             rows += [Pair(f"{c.scheme} {k} held", kept[k], v, "bytes")
                      for k, v in self.strategy.comm_hook.state_bytes().items() if kept[k]]
         return rows
@@ -176,8 +181,7 @@ class Engine:
             for shard, master in zip(o.shards, o.master):
                 shard.copy_(master)
         o.t = int(saved["t"])
-        if self.strategy.comm_hook.hook is not None:
-            self.strategy.comm_hook.hook.load_state_dict(state.get("comm_hook", {}))
+        self.strategy.comm_hook.load_state_dict(state.get("comm_hook", {}), self.strategy.groups)
         self.strategy.after_step()                   # ZeRO-1/2: the full weights from the shards
 
     def close(self) -> None:

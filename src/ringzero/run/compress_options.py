@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ringzero.plan.strategies.compression import SCHEMES, Compression, refusal  # noqa: F401 - SCHEMES: the CLI's choices
+from ringzero.plan.strategies.compression import SCHEMES, Compression, max_rank, refusal
 from ringzero.run.fields import FieldError, check as check_field, choice
 
 DEFAULT_RANK, DEFAULT_FRACTION, DEFAULT_START_SHARE = 4, 0.01, 0.1
@@ -38,7 +38,8 @@ class CompressConfig:
             if getattr(self, name) is not None and self.compress != scheme:
                 raise FieldError(name, f"{name} is {scheme}'s option: it needs compress={scheme}, not {self.compress!r}")
         if self.compress_start is not None and self.compress == "none":
-            raise FieldError("compress_start", "compress_start says when compression starts: it needs compress")
+            raise FieldError("compress_start", f"compress_start says when compression starts: it needs compress "
+                                               f"({', '.join(s for s in SCHEMES if s != 'none')})")
 
 
 def compression(cfg) -> Compression:
@@ -68,11 +69,21 @@ def check(cfg) -> None:
     why = refusal(c.compress, strategy)
     if why:
         raise FieldError("compress", f"compress={c.compress} {why}")
+    grid = cfg.parallel
+    if compression(cfg).stateful and grid.pp > 1:
+        raise FieldError("compress", f"compress={c.compress} with pp={grid.pp}: the tied embedding's two copies sit in "
+                                     f"different buckets on the first and last stage, which {c.compress} would reduce "
+                                     f"differently and so untie; use fp16 or bf16, or pp 1")
+    if c.compress == "topk" and grid.tp > 1:
+        raise FieldError("compress", f"compress=topk with tp={grid.tp}: a bucket mixes each tp rank's own shards with "
+                                     f"weights every tp rank holds alike (LayerNorm, row-parallel biases), which top-k "
+                                     f"would select differently on each; use powersgd, fp16 or bf16, or tp 1")
     if c.compress == "powersgd":
-        side = max(min(m) for m in gpt_matrices(cfg.shape))
-        if compression(cfg).rank > side:
-            raise FieldError("powersgd_rank", f"powersgd_rank={c.powersgd_rank} is larger than every matrix's smaller "
-                                              f"side (at most {side} in model {cfg.model.name!r}); allowed 1..{side}")
+        most = max_rank(gpt_matrices(cfg.shape))
+        if compression(cfg).rank > most:
+            raise FieldError("powersgd_rank", f"powersgd_rank={c.powersgd_rank} compresses no matrix of model "
+                                              f"{cfg.model.name!r} (an n x m matrix compresses when (n + m)·R·2 < n·m); "
+                                              f"allowed 1..{most}")
     at = start(cfg)
     if at >= cfg.training.steps:
         raise FieldError("compress_start", f"compress_start={at} is beyond the {cfg.training.steps} steps; allowed "

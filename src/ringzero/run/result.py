@@ -62,8 +62,9 @@ class RankResult:
     step); empty without it."""
     traffic_plain: dict = field(default_factory=dict)
     """Gradient compression: the traffic of the last step before it starts (when the run has one)."""
-    compress_s: list[float] = field(default_factory=list)
-    """Gradient compression: seconds its hook computed (not communicated) in each step."""
+    compress_s: list[float | None] = field(default_factory=list)
+    """Gradient compression: seconds its hook computed (not communicated) in each step (None: a
+    step before it started)."""
     offload: dict = field(default_factory=dict)
     """Offloaded bytes at the measured step: {"optimizer", "params"} each {"device", "host", "disk"},
     and "disk_io" {"optimizer", "params"} each {"read", "write"} of that step (the rates offloading

@@ -212,6 +212,5 @@ def _restore_rng(trainer: CheckpointedTrainer, saved: dict[str, torch.Tensor]) -
         for k in tracker.states:
             if f"tp.{k}" in saved:
                 tracker.states[k] = saved[f"tp.{k}"].clone()
-    hook = trainer.strategy.comm_hook.hook
-    if hook is not None:
-        hook.load_state_dict({k.removeprefix("compress."): v for k, v in saved.items() if k.startswith("compress.")})
+    trainer.strategy.comm_hook.load_state_dict(
+        {k.removeprefix("compress."): v for k, v in saved.items() if k.startswith("compress.")}, trainer.strategy.groups)

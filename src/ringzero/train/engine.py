@@ -103,10 +103,11 @@ class Trainer:
             res.offload["disk_io"] = {"optimizer": self.opt.io_bytes(), "params": st.offload_io_bytes()}
         with hooks.phase("comm"):
             st.after_step()
-        before = float(self.scaler.scale)
+        before, hooked = float(self.scaler.scale), st.comm_hook.active
         self.scaler.update(out["skipped"])
         st.settle(out["skipped"], float(self.scaler.scale) / before)   # a residual follows the loss scale
-        res.compress_s.append(st.comm_hook.take_compute())
+        spent = st.comm_hook.take_compute()
+        res.compress_s.append(spent if hooked else None)
         if measured:
             res.compress = st.comm_hook.state_bytes()          # kept once the step settled
         self.nonfinite.after(step, out["skipped"], st)

@@ -39,12 +39,13 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult], rates: dict) 
     rows = [Twin("bytes sent per step without compression", plain, seen_plain, "bytes"),
             Twin(f"compression ratio ({c.scheme}: bytes sent without / with)", plain / sent,
                  (seen_plain or plain) / seen if seen else None, "x")]
-    held = state_bytes(c, [b[2] for b in r.buckets], cfg.value_bytes)
+    held = state_bytes(c, [b[2] for b in r.buckets], cfg.value_bytes, cfg.optim.precision == "fp16")
     if c.stateful:
         rows.append(Twin(f"{c.scheme} residual held", held["residual"], max(x.compress.get("residual", 0) for x in results),
                          "bytes"))
     if c.scheme == "powersgd":
         rows.append(Twin("PowerSGD Q held", held["q"], max(x.compress.get("q", 0) for x in results), "bytes"))
-    if "compress_s" in rates and r.compress_s:
-        rows.append(Twin(f"{c.scheme} compute per step", rates["compress_s"], statistics.median(r.compress_s), "s"))
+    spent = [s for s in r.compress_s if s is not None]
+    if "compress_s" in rates and spent:
+        rows.append(Twin(f"{c.scheme} compute per step", rates["compress_s"], statistics.median(spent), "s"))
     return rows

@@ -1,9 +1,10 @@
 """fp16 / bf16 compression: the bucket reduced in a 16-bit type (torch DDP's `fp16_compress_hook`
 and `bf16_compress_hook`), half the bytes of an fp32 reduction.
 
-As torch's hooks, the bucket is cast and divided by the ranks before the sum, so the 16-bit sum
-cannot overflow where the fp32 mean would not; cast back, it is multiplied by the ranks again
-(the strategies hand the optimizer sums; exact when the ranks are a power of two).
+The bucket is divided by the ranks before the sum, as in torch's hooks, and before the cast (torch
+casts first), so neither the cast nor the 16-bit sum overflows where the mean would not; the same
+values as torch's when the ranks are a power of two (the division is exact). Cast back, it is
+multiplied by the ranks again (the strategies hand the optimizer sums).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Cast16:
 
     def reduce(self, bucket: GradBucket, link) -> None:
         n = link.world
-        low = bucket.buffer.to(self.dtype).div_(n)          # (padded,) in 16 bits
+        low = bucket.buffer.div_(n).to(self.dtype)          # (padded,) in 16 bits; the buffer is rewritten
         if bucket.shard is None:
             link.all_reduce(low)
             bucket.buffer.copy_(low).mul_(n)

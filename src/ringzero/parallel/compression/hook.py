@@ -53,6 +53,11 @@ class CommHook(Protocol):
         """The same scheme with no state (what the probe times)."""
 
 
+def residual_of(t: torch.Tensor) -> torch.Tensor:
+    """A new residual holding `t`: fp32 when `t` is fp16 (`plan.strategies.compression.residual_itemsize`)."""
+    return t.float() if t.dtype == torch.float16 else t.clone()
+
+
 class Residuals:
     """Tensors kept per bucket between steps under `name`, staged until the step settles."""
 
@@ -114,10 +119,12 @@ class Starting:
         self.step = step
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return self.inner.state_dict()
+        return {**self.inner.state_dict(), "step": torch.tensor([self.step])}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.inner.load_state_dict(state)
+        if "step" in state:
+            self.step = int(state["step"][0])
+        self.inner.load_state_dict({k: v for k, v in state.items() if k != "step"})
 
     def state_bytes(self) -> dict[str, int]:
         return self.inner.state_bytes()

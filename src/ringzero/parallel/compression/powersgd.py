@@ -22,7 +22,7 @@ import torch
 
 from ringzero.plan.strategies.compression import Compression, compresses, matrix
 from ringzero.parallel.compression.bucket import GradBucket
-from ringzero.parallel.compression.hook import Residuals
+from ringzero.parallel.compression.hook import Residuals, residual_of
 
 
 def orthogonalize(m: torch.Tensor) -> None:
@@ -41,7 +41,8 @@ def orthogonalize(m: torch.Tensor) -> None:
         return
     for i in range(r):
         col = m[:, :, i:i + 1]
-        col /= torch.norm(col, dim=1, keepdim=True)
+        norm = torch.norm(col, dim=1, keepdim=True)
+        col /= torch.where(norm == 0, 1.0, norm)      # a zero column stays zero (torch's turns to NaN)
         if i + 1 < r:
             rest = m[:, :, i + 1:]
             rest -= torch.sum(col * rest, dim=1, keepdim=True) * col
@@ -79,7 +80,7 @@ class PowerSGD:
         e = self.residuals.get(i)
         if e is not None:
             x.add_(e)
-        before = x.clone()
+        before = residual_of(x)                    # M + e, to leave the residual in
         mats, plain = self._layout(bucket.gradients())
         ranks = [min(*m.shape, self.rank) for m in mats]
         p_mem = torch.empty(sum(m.shape[0] * r for m, r in zip(mats, ranks)), dtype=x.dtype, device=x.device)

@@ -11,6 +11,7 @@ import time
 
 import torch
 
+from ringzero.plan.strategies.compression import powersgd_split
 from ringzero.parallel.compression.bucket import GradBucket, Link
 from ringzero.parallel.compression.hook import CommHook
 
@@ -59,6 +60,22 @@ class HookSlot:
     def set_step(self, step: int) -> None:
         if self.hook is not None:
             self.hook.set_step(step)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], groups) -> bool:
+        """Take `state` (a hook's `state_dict`) when it fits these buckets (each residual the size of
+        its bucket, each Q the size the scheme gives it), else only its start step: a run resumed
+        with other buckets or another rank starts with no residual. Returns whether it fitted."""
+        if self.hook is None:
+            return False
+        c, want = self.hook.compression, {}
+        for g in groups:
+            want[f"residual.{g.index}"] = g.bucket.numel
+            if c.scheme == "powersgd":
+                want[f"q.{g.index}"] = powersgd_split([tuple(s) for s in g.bucket.shapes], c.rank)[1]
+        tensors = {k: v for k, v in state.items() if k != "step"}
+        fits = all(want.get(k) == v.numel() for k, v in tensors.items())
+        self.hook.load_state_dict(state if fits else {k: v for k, v in state.items() if k == "step"})
+        return fits
 
     def state_bytes(self) -> dict[str, int]:
         return self.hook.state_bytes() if self.hook is not None else {"residual": 0, "q": 0}

@@ -17,7 +17,7 @@ import torch
 
 from ringzero.plan.strategies.compression import INDEX_BYTES, Compression, topk_k
 from ringzero.parallel.compression.bucket import GradBucket
-from ringzero.parallel.compression.hook import Residuals
+from ringzero.parallel.compression.hook import Residuals, residual_of
 
 
 SAMPLE, MARGIN = 65536, 2.0
@@ -67,7 +67,7 @@ class TopK:
         # the residual was finite (a skipped step drops its update), so x is when the gradient was
         idx = largest(x.abs(), k, bucket.finite).to(torch.int32)               # (k,)
         vals = x[idx.long()]
-        rest = x.clone()
+        rest = residual_of(x)
         rest[idx.long()] = 0
         self.residuals.stage(bucket.index, rest)
         mine = torch.cat([idx.view(torch.uint8), vals.view(torch.uint8)])      # (k·(4 + size),) bytes

@@ -97,6 +97,12 @@ def compresses(rows: int, cols: int, rank: int) -> bool:
     return (rows + cols) * r * MIN_COMPRESSION_RATE < rows * cols
 
 
+def max_rank(matrices: list[tuple[int, int]]) -> int:
+    """The largest R at which some (rows, cols) matrix still compresses (`compresses`: 2·(n + m)·R
+    < n·m, R ≤ min(n, m)); 0 if none does."""
+    return max([min(n, m, (n * m - 1) // (2 * (n + m))) for n, m in matrices] or [0])
+
+
 def powersgd_split(shapes: list[Shape], rank: int) -> tuple[int, int, int]:
     """(P elements, Q elements, uncompressed elements) of one bucket's parameters."""
     p = q = plain = 0
@@ -138,12 +144,19 @@ def bucket_calls(c: Compression, shapes: list[Shape], numel: int, padded: int, r
     return [("all_gather", ranks * topk_k(numel, c.fraction) * pair_bytes(itemsize), 1)]
 
 
-def state_bytes(c: Compression, buckets: list[list[Shape]], itemsize: int) -> dict[str, int]:
-    """Bytes the scheme keeps between steps on every rank: {"residual", "q"} (padding excluded:
-    the residual covers the parameters' elements)."""
+def residual_itemsize(itemsize: int, fp16: bool) -> int:
+    """A residual's element size: fp32 under fp16 gradients, else the gradients'. A residual holds
+    loss-scaled gradients, and the scale doubles after a window of good steps: an fp16 residual
+    entry above 65504/2 would become inf, and every later step would add it and be skipped."""
+    return 4 if fp16 else itemsize
+
+
+def state_bytes(c: Compression, buckets: list[list[Shape]], itemsize: int, fp16: bool = False) -> dict[str, int]:
+    """Bytes the scheme keeps between steps on every rank: {"residual", "q"} for gradients of
+    `itemsize` (`fp16`: of type fp16); padding excluded: the residual covers the parameters'."""
     if not c.stateful:
         return {"residual": 0, "q": 0}
-    residual = sum(math.prod(s) for b in buckets for s in b) * itemsize
+    residual = sum(math.prod(s) for b in buckets for s in b) * residual_itemsize(itemsize, fp16)
     q = sum(powersgd_split(b, c.rank)[1] for b in buckets) * itemsize if c.scheme == "powersgd" else 0
     return {"residual": residual, "q": q}
 

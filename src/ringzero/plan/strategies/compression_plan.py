@@ -259,7 +259,7 @@ def compression_plan(e: Estimate, c: Compression) -> CompressionPlan:
         compression=c, strategy=strategy, ranks=par.dp, stage=stage, link="network" if node < par.dp else "nvlink",
         link_bw=getattr(hw, link), buckets=len(buckets), reductions=len(buckets) * times,
         gradient_bytes=times * size * sum(math.prod(s) for b in buckets for s in b), plain=plain, wire=wire,
-        compute_s=compute_s, flops=times * flops, touched_bytes=times * touched, state=state_bytes(c, buckets, size))
+        compute_s=compute_s, flops=times * flops, touched_bytes=times * touched, state=state_bytes(c, buckets, size, tr.precision == "fp16"))
 
 
 def compression_for(scheme: str, rank: int | None, fraction: float | None, m: ModelShape,

@@ -16,6 +16,7 @@ import os
 import sys
 
 from ringzero.json_input import unique_keys
+from ringzero.plan.strategies.compression import refusal
 from ringzero.run.deepspeed import schedule
 from ringzero.run.config import FieldError, TrainConfig
 from ringzero.run.deepspeed.sections import Reader, communication, optimizer, precision, zero
@@ -82,6 +83,11 @@ def _communication(r: Reader, overrides: dict) -> None:
     if v == "fp32":
         r.note(f"communication_data_type fp32 has no effect here: ringzero reduces the gradients in the training "
                f"precision ({train})")
+        return
+    strategy = overrides.get("strategy") or r.kw.get("strategy", "dp")
+    why = refusal(v, strategy)
+    if why:
+        r.note(f"communication_data_type {v} has no effect here: compress={v} {why}")
         return
     r.put("compress", v, "communication_data_type")
     if "compress_start" not in overrides:
