@@ -243,3 +243,18 @@ def test_hook_edge_cases_alone():
     again.load_state_dict(p.state_dict())
     assert again.step == 1 and again.inner.qs.kept.keys() == {0}
 
+
+
+@pytest.mark.timeout(240)
+def test_powersgd_under_tensor_parallelism_keeps_replicated_weights_alike(pool):
+    """tp 2 x dp 2: PowerSGD compresses matrix by matrix (each tp rank's shards and the weights every
+    tp rank holds alike, in buckets of the same shapes, with the same first Q) and sends the vectors
+    plain, so the weights both tp ranks hold stay equal: each rank's full view of every parameter
+    (its shards gathered over tp, its own copy of a replicated one) is the same on both."""
+    configs = [_cfg("powersgd", "zero1", tp=2, steps=3, sequence_parallel=sp) for sp in (False, True)]
+    per_rank = pool.run(_train, configs, True, world=4)
+    for i, cfg in enumerate(configs):
+        for a, b in ((0, 1), (2, 3)):                   # the tp pairs (tp varies fastest)
+            pa, pb = per_rank[a][i].params, per_rank[b][i].params
+            assert pa.keys() == pb.keys()
+            assert [k for k in pa if pa[k] != pb[k]] == [], cfg.parallel.sequence_parallel
