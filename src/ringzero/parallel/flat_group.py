@@ -49,6 +49,7 @@ class FlatGroup:
         self.arrived = 0                             # parameters whose gradient this backward produced
         self.got: set[int] = set()                   # their slots (for the missing-gradient check)
         self.finite: bool | None = None              # whether grad_flat held no inf/NaN when reduced
+        self.shared = False                          # reduced alike by ranks outside the dp group too
 
     @property
     def params(self) -> list[nn.Parameter]:

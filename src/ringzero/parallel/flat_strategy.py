@@ -58,8 +58,11 @@ class FlatStrategy:
     sharding: Strategy
 
     def __init__(self, model: nn.Module, topology: Topology, config: ShardingConfig,
-                 queue: CommQueue | None = None) -> None:
+                 queue: CommQueue | None = None, alone: tuple[nn.Parameter, ...] = ()) -> None:
         self.model, self.topology, self.config = model, topology, config
+        self.alone = alone
+        """Parameters each in a bucket of its own, marked shared (a pipeline's tied embedding: its
+        first and last stage must reduce it alike, whatever else they hold)."""
         self._owns_queue = queue is None
         self.queue = CommQueue() if queue is None else queue
         self.group = topology.group
@@ -72,6 +75,8 @@ class FlatStrategy:
         shards, index = (topology.dp, topology.dp_rank) if self.sharding.shard_optimizer else (1, 0)
         params, root = self._buckets()
         self.groups = [FlatGroup(FlatBucket(ps, shards, index), i, root=i == root) for i, ps in enumerate(params)]
+        for g in self.groups:
+            g.shared = any(p is q for p in g.params for q in alone)
         self.accumulation, self._hooks = Accumulation.HOOKED, []
         self.comm_hook = HookSlot()
         for g in self.groups:
@@ -109,12 +114,14 @@ class FlatStrategy:
     # -- layout ---------------------------------------------------------------------------------
     def _buckets(self) -> tuple[list[list[nn.Parameter]], int | None]:
         """Parameters in buckets of `config.bucket_mb` (one dtype each) in reverse registration order,
-        roughly the order backward produces their gradients; no root bucket."""
+        roughly the order backward produces their gradients, each of `alone` by itself; no root bucket."""
         params = [p for p in self.model.parameters() if p.requires_grad][::-1]
         limit, groups, size = self.config.bucket_mb * 2**20, [[]], 0
+        solo = lambda p: any(p is q for q in self.alone)          # noqa: E731 - by identity, not ==
         for p in params:
             n = p.numel() * p.element_size()
-            if groups[-1] and (size + n > limit or p.dtype != groups[-1][0].dtype):
+            last = groups[-1]
+            if last and (size + n > limit or p.dtype != last[0].dtype or solo(p) or solo(last[0])):
                 groups.append([])
                 size = 0
             groups[-1].append(p)

@@ -17,7 +17,8 @@ CLASSES: dict[str, type[FlatStrategy]] = {c.sharding.name: c for c in (DataParal
 
 
 def apply_sharding(model: nn.Module, topology: Topology, config: ShardingConfig,
-                   queue: CommQueue | None = None) -> FlatStrategy:
+                   queue: CommQueue | None = None, alone: tuple[nn.Parameter, ...] = ()) -> FlatStrategy:
     """Lay out `model` for `config.sharding` over `topology`'s dp group; its collectives run on `queue`
-    (a new one, owned and closed by the strategy, when None)."""
-    return CLASSES[config.sharding.name](model, topology, config, queue)
+    (a new one, owned and closed by the strategy, when None); `alone`: parameters each in a bucket
+    of its own (`FlatStrategy.alone`)."""
+    return CLASSES[config.sharding.name](model, topology, config, queue, alone)

@@ -70,10 +70,6 @@ def check(cfg) -> None:
     if why:
         raise FieldError("compress", f"compress={c.compress} {why}")
     grid = cfg.parallel
-    if compression(cfg).stateful and grid.pp > 1:
-        raise FieldError("compress", f"compress={c.compress} with pp={grid.pp}: the tied embedding's two copies sit in "
-                                     f"different buckets on the first and last stage, which {c.compress} would reduce "
-                                     f"differently and so untie; use fp16 or bf16, or pp 1")
     if c.compress == "topk" and grid.tp > 1:
         raise FieldError("compress", f"compress=topk with tp={grid.tp}: a bucket mixes each tp rank's own shards with "
                                      f"weights every tp rank holds alike (LayerNorm, row-parallel biases), which top-k "

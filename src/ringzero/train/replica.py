@@ -47,10 +47,14 @@ class Replica:
         self.stages = apply_pipeline(self.model, topology, cfg.parallel.virtual_stages, cfg.parallel.sequence_parallel,
                                      cfg.parallel.tp_algorithm) if topology.pp > 1 else None
         self.queue = CommQueue()
+        # a compression that keeps state per bucket must see the tied embedding alike on its first
+        # and last stage: alone in its bucket there
+        tied = self.stages.tied_weight() if self.stages is not None else None
+        alone = (tied,) if tied is not None and compress_options.compression(cfg).stateful else ()
         self.strategy = apply_sharding(self.model, topology, ShardingConfig(
             sharding=cfg.sharding, bucket_mb=cfg.parallel.bucket_mb, prefetch=cfg.zero.prefetch,
             algorithm=cfg.parallel.comm_algorithm, zeropp=zero_options.zeropp(cfg, topology.world),
-            offload_params=offloading.param_offload(cfg)), self.queue)
+            offload_params=offloading.param_offload(cfg)), self.queue, alone)
         hook = hook_for(compress_options.compression(cfg), compress_options.start(cfg), seed=cfg.training.seed)
         if hook is not None:
             self.strategy.register_comm_hook(hook)

@@ -31,6 +31,9 @@ class GradBucket:
     finite: bool | None = None
     """Whether `buffer` holds no inf or NaN (the strategy checked it for the loss scaler); None:
     not known."""
+    shared: bool = False
+    """Reduced alike by ranks of other dp groups (a pipeline's tied embedding, on its first and last
+    stage), so what a hook draws for it cannot depend on the buckets around it."""
 
     @property
     def numel(self) -> int:

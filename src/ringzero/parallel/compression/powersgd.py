@@ -92,7 +92,7 @@ class PowerSGD:
             ps.append(p_mem[pi:pi + m.shape[0] * r].view(1, m.shape[0], r))
             qs.append(q_mem[qi:qi + m.shape[1] * r].view(1, m.shape[1], r))
             pi, qi = pi + m.shape[0] * r, qi + m.shape[1] * r
-        self._start_qs(qs, fresh=q_old is None, dtype=x.dtype)
+        self._start_qs(qs, fresh=q_old is None, dtype=x.dtype, shared=bucket.shared)
         for m, p, q in zip(mats, ps, qs):
             torch.bmm(m.unsqueeze(0), q, out=p)
         if plain:
@@ -119,15 +119,18 @@ class PowerSGD:
         self.last_p = p_mem                # the latest P, for the parity test with torch's hook
         x.mul_(world)
 
-    def _start_qs(self, qs: list[torch.Tensor], fresh: bool, dtype: torch.dtype) -> None:
+    def _start_qs(self, qs: list[torch.Tensor], fresh: bool, dtype: torch.dtype, shared: bool = False) -> None:
         """Warm start: the kept Q, orthogonalised; else standard normal draws from this hook's
-        generator (the same on every rank: every rank seeds it alike), orthogonalised."""
+        generator (the same on every rank: every rank seeds it alike), orthogonalised. A shared
+        bucket (`GradBucket.shared`) draws from a seed of its own, not the generator's next draw,
+        which counts the buckets before it (a pipeline's stages hold different ones)."""
         if not fresh:
             for q in qs:
                 orthogonalize(q)
             return
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.rng.randint(1_000_000_000))
+            torch.manual_seed(np.random.RandomState([self.seed, 1]).randint(1_000_000_000) if shared
+                              else self.rng.randint(1_000_000_000))
             for q in qs:
                 q.copy_(torch.randn(*q.shape, device="cpu", dtype=dtype))
                 orthogonalize(q)

@@ -42,7 +42,8 @@ class HookSlot:
         """Reduce group `g`'s gradient through the hook; under ZeRO-1/2 this rank's summed shard
         lands in `shard` (filled by the hook when it scatters, else cut from the whole sum)."""
         b = g.bucket
-        bucket = GradBucket(g.index, g.grad_flat, b.offsets, b.shapes, shard if self.hook.scatters else None, g.finite)
+        bucket = GradBucket(g.index, g.grad_flat, b.offsets, b.shapes, shard if self.hook.scatters else None, g.finite,
+                            g.shared)
         t0, c0 = time.perf_counter(), self.link.seconds
         self.hook.reduce(bucket, self.link)
         self.compute_s += (time.perf_counter() - t0) - (self.link.seconds - c0)
