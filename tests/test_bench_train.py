@@ -98,19 +98,12 @@ def test_compression_against_ddp_with_torchs_hook(tmp_path, capsys):
     (["--compress", "fp16", "--powersgd-rank", "2"], "powersgd_rank"),
     (["--compress", "powersgd", "--steps", "2", "--skip", "1"], "compress_start"),
     (["--compress", "fp16", "--nproc", "1", "--suites", ""], "--nproc"),
-])
-def test_bad_compression_arguments_exit_2(argv, message, capsys):
-    assert cli.main(["bench", "train", *argv]) == 2
-    assert message in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("argv, message", [
     (["--nproc", "2", "--tp", "3"], "--tp 3"),
     (["--nproc", "2", "--pp", "4"], "--pp 4"),
     (["--nproc", "2", "--pp", "2", "--pp-layers", "1"], "more than the 1 layers"),
     (["--nproc", "3", "--tp", "3", "--model", "nano"], "tp=3 does not divide the heads"),
 ])
-def test_bad_tensor_parallel_arguments_exit_2(argv, message, capsys):
+def test_bad_compression_and_model_parallel_arguments_exit_2(argv, message, capsys):
     assert cli.main(["bench", "train", *argv]) == 2
     assert message in capsys.readouterr().err
 
