@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_offload.py --json out/bench_offload.json
 	$(VENV)/bin/ringzero bench ps --nproc 4 --steps 60 --plot out/bench_ps.png --json out/bench_ps.json
 	$(PY) benchmarks/bench_faults.py --trials 20 --nproc 3
+	$(PY) benchmarks/bench_hangs.py --trials 20
 
 # On a CUDA machine (~10 min at most): the CUDA tests, a 2-rank torchrun training per strategy, bench
 # comm, and ringzero's collectives against NCCL's; one summary in out/gpu_check.json (docs/gpu.md).

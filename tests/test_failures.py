@@ -63,8 +63,10 @@ def test_a_deadlock_is_stopped_and_says_every_rank_is_alive():
     # The flight recorders say where: rank 0 waits in the 4th all-reduce, which rank 1 never began.
     assert "all_reduce #3 (" in msg and "4 bytes) on ranks [0, 1]: ranks [0] waited in it, rank 1 (its last " \
            "there: #2) never arrived" in msg, msg
-    dump = json.loads(open(msg.rsplit(": ", 1)[1]).read())
-    assert [c["seq"] for c in dump["0"]][-2:] == [2, 3] and dump["0"][-1]["end"] is None
+    dump = json.loads(open(msg.rsplit(": ", 1)[1]).read())      # torch's dump layout, one per rank
+    entries = dump["0"]["entries"]
+    assert [c["collective_seq_id"] for c in entries][-2:] == [2, 3] and entries[-1]["state"] == "started"
+    assert dump["1"]["pg_status"]["0"]["last_started_collective"] == 2
 
 
 TORCHRUN_HANG = """

@@ -33,6 +33,22 @@ def check(path: str | os.PathLike, flag: str) -> str:
     return full
 
 
+def folder(path: str | os.PathLike, flag: str) -> str:
+    """The absolute path of output folder `path` of option `flag` (it may not exist yet: then its
+    parent must, and the folder is made only when written to), or UsageError saying why not."""
+    text = os.fspath(path)
+    if not text:
+        raise UsageError(f"{flag} needs a folder name")
+    full = os.path.abspath(text)
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise UsageError(f"{flag} {text!r} is a file; give a folder")
+    parent = full if os.path.isdir(full) else os.path.dirname(full)
+    if not os.path.isdir(parent):
+        raise UsageError(f"{flag} {text!r}: folder {parent!r} does not exist")
+    writable(parent, f"{flag} {text!r}")
+    return full
+
+
 def writable(folder: str, what: str) -> None:
     """UsageError "WHAT: cannot write in FOLDER" unless a file can be made in `folder`: tried for
     real (`os.access` says yes for root on /proc and /sys), the trial removed."""

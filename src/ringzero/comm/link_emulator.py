@@ -38,6 +38,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ringzero.comm import timeline
+
 
 @dataclass(frozen=True)
 class Link:
@@ -134,7 +136,8 @@ def _nic() -> None:
     while True:
         link, nbytes, dst, post, handle = _queue.get()
         try:
-            transmit(link, nbytes, dst)
+            with timeline.span("transmit", "link", bytes=nbytes, dst=dst):
+                transmit(link, nbytes, dst)
             handle._work = post()
         except BaseException as e:            # noqa: BLE001 - handed to whoever waits on the send
             handle._error = e

@@ -21,6 +21,7 @@ import threading
 
 import torch.distributed as dist
 
+from ringzero.comm.timeline import current
 from ringzero.plan.comm.volume import FIELDS, Volume
 
 Traffic = Volume
@@ -38,14 +39,17 @@ _INDEX = {name: i for i, name in enumerate(FIELDS)}
 
 
 def active_entries(key: str) -> list[list[int]]:
-    """The counters that one collective call should update (one per open meter), created at zero:
+    """The counters that one collective call should update (one per open meter, and the call's own
+    record when this thread is inside a recorded collective: `comm.timeline.current`), created at zero:
     each a list of `Volume`'s fields in `FIELDS` order, added to in place (a `Volume` built per
     message would cost ~15 us against ~1 us; the meter's reads build them: `python -m timeit -s
     "from ringzero.plan.comm.volume import Volume; acc = Volume()" "acc += Volume(bytes_sent=1,
     bytes_recv=1, messages_sent=1, messages_recv=1, rounds=1)"` against `python -m timeit -s
     "c = [0] * 8" "c[1] += 1; c[2] += 1; c[3] += 1"`)."""
+    rec = current()
     with LOCK:
-        return [m._counts.setdefault(key, [0] * len(FIELDS)) for m in _ACTIVE]
+        out = [m._counts.setdefault(key, [0] * len(FIELDS)) for m in _ACTIVE]
+    return out if rec is None or rec.counts is None else out + [rec.counts]
 
 
 def add(entries: list[list[int]], **deltas: int) -> None:

@@ -17,23 +17,28 @@ both sides is the match, which the pipeline schedules keep (every stage runs its
 backwards, in one global order).
 
 Every message is counted by the traffic meter under "send_recv/p2p": bytes and messages each way
-(with the bytes that cross nodes, by the peer's global rank), one call per `post`. Under the link
+(with the bytes that cross nodes, by the peer's global rank), one call per `post`. While a
+`comm.timeline.Timeline` is open each post is also a record there (`Timeline.p2p`, of the current
+`comm.kinds` kind, "pp" by default), ended when the last of its handles has been waited for. Under the link
 emulator (`CommConfig.inter_node_gbps`) the receives and intra-node sends are posted first, then
 each inter-node send once the emulated link has delivered it (`link_emulator`).
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from ringzero.comm import link_emulator
+from ringzero.comm import kinds, link_emulator, timeline
 from ringzero.comm.config import get_config
 from ringzero.comm.meter import active_entries, add
 from ringzero.comm.p2p import cross_flags
 from ringzero.comm.protocol import Handle
+from ringzero.plan.comm.volume import FIELDS
 
 KEY = "send_recv/p2p"
 
@@ -50,10 +55,18 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
         if not 0 <= peer < n or peer == me:
             raise ValueError(f"rank {me} addressed peer {peer} in a group of {n}")
     meters = active_entries(key)
+    rec = _record(group, n, sends, recvs, tag) if timeline.OPEN else None
     cfg = get_config()
     link = link_emulator.link_for(cfg)
-    cross = _cross(group, me, n, cfg.world_node_size()) if meters or link is not None else None
-    _count(meters, sends, recvs, cross)
+    cross = _cross(group, me, n, cfg.world_node_size()) if meters or rec or link is not None else None
+    _count(meters + ([rec.counts] if rec else []), sends, recvs, cross)
+    works, received = _post(sends, recvs, group, tag, link, cross)
+    if rec is None:
+        return works, received
+    return [_Tracked(w, rec) for w in works], [_Tracked(w, rec) for w in received]
+
+
+def _post(sends, recvs, group, tag: int, link, cross) -> tuple[list[Handle], list[Handle]]:
     far = [] if link is None or cross is None else [(p, t) for p, t in sends if cross[p]]
     if far:
         sends = [(p, t) for p, t in sends if not cross[p]]
@@ -71,6 +84,35 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
     works += [link_emulator.send_later(link, _nbytes(t), lambda p=p, t=t: pg.send([t], p, tag), glob(group, p))
               for p, t in far]
     return works, received
+
+
+def _record(group, n: int, sends, recvs, tag: int) -> timeline.CallRecord:
+    """A post's record on the open timelines: its peers (global ranks) and bytes each way."""
+    glob = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+    kind = kinds.current()
+    rec = timeline.CallRecord("send_recv", tuple(glob(r) for r in range(n)), -1, time.time(), algorithm="p2p",
+                              bytes=sum(_nbytes(t) for _, t in (*sends, *recvs)), beside=False,
+                              kind="pp" if kind == "other" else kind, thread=threading.current_thread().name,
+                              counts=[0] * len(FIELDS), detail={"sends": [[glob(p), _nbytes(t)] for p, t in sends],
+                                                                "recvs": [[glob(p), _nbytes(t)] for p, t in recvs],
+                                                                "tag": tag})
+    timeline.add("p2p", rec)
+    return rec
+
+
+class _Tracked:
+    """A handle that marks its post's record done when waited for (the last wait ends it)."""
+
+    def __init__(self, work, rec: timeline.CallRecord) -> None:
+        self.work, self.rec = work, rec
+
+    def wait(self, *args):
+        out = self.work.wait(*args)
+        self.rec.end, self.rec.state = time.time(), "completed"
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self.work, name)
 
 
 def _count(meters, sends, recvs, cross) -> None:

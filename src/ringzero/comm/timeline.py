@@ -1,9 +1,12 @@
 """What a rank's collectives looked like in time, as plain data, and who waited for whom.
 
-`CallRecord` is one collective call on one rank (recorded by `comm.flight`); a `Timeline` collects
-every call a process makes while it is open, and the spans its computing thread blocked for
-communication (`blocking`). `waits` reads one step's timelines of every rank. torch-free: the
-records cross process boundaries and the reports read them without torch.
+`CallRecord` is one collective call on one rank (recorded by `comm.flight`), with the traffic it
+put on the wire (`counts`, counted by `comm.meter` while the call is this thread's `current`); a
+`Timeline` collects every call a process makes while it is open, its point-to-point posts, the
+spans its computing thread blocked for communication (`blocking`) and the named spans and instants
+the engine marks (`span`, `instant`: phases, micro-batches, saves, probes), each with its thread.
+`waits` reads one step's timelines of every rank. torch-free: the records cross process boundaries
+and the reports and traces read them without torch.
 
 Waiting, timed apart from moving bytes. A collective cannot finish on any rank before its last
 member has entered it (every member's data is in the result), so rank i's call k spends
@@ -19,13 +22,15 @@ backward still runs loses the step nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LOCK = threading.Lock()
 OPEN: list["Timeline"] = []
 """The open timelines, which `comm.flight` appends each new call to."""
+_THREAD = threading.local()
 
 
 @dataclass
@@ -49,18 +54,52 @@ class CallRecord:
     computing thread is not blocked by it."""
     group: str = ""
     """The process group's name (two groups may have the same ranks)."""
+    kind: str = "other"
+    """What the call is for (`comm.kinds`)."""
+    thread: str = ""
+    """The name of the thread that made it."""
+    counts: list[int] | None = None
+    """Its traffic on this rank, `plan.comm.volume.FIELDS` in order (None: not counted)."""
+    detail: dict = field(default_factory=dict)
+    """A point-to-point post's peers and tag ({"sends": [[peer, bytes]], "recvs": ..., "tag"})."""
 
     def key(self) -> tuple[tuple[int, ...], str, int]:
         return self.ranks, self.group, self.seq
 
 
+@dataclass
+class Span:
+    """A named span of one thread (an instant when `end` is `start`)."""
+
+    name: str
+    cat: str
+    """"phase" (a step's forward, backward, comm, optimizer, pipeline wait), "step", "checkpoint",
+    "probe", "mark" (an instant: a skipped step), ..."""
+    thread: str
+    start: float
+    end: float
+    args: dict = field(default_factory=dict)
+
+
+def current() -> CallRecord | None:
+    """The collective call this thread is inside (its outermost), or None."""
+    return getattr(_THREAD, "rec", None)
+
+
+def set_current(rec: CallRecord | None) -> None:
+    _THREAD.rec = rec
+
+
 class Timeline:
-    """Context manager: every collective call of this process while it is open, in start order, and
-    the spans in which the computing thread blocked for communication (plain data once closed)."""
+    """Context manager: every collective call of this process while it is open, in start order, its
+    point-to-point posts, the spans in which the computing thread blocked for communication, and
+    the engine's named spans (plain data once closed)."""
 
     def __init__(self) -> None:
         self.calls: list[CallRecord] = []
+        self.p2p: list[CallRecord] = []
         self.blocked: list[tuple[float, float]] = []
+        self.spans: list[Span] = []
 
     def __enter__(self) -> "Timeline":
         with LOCK:
@@ -83,6 +122,59 @@ def blocking():
         with LOCK:
             for t in OPEN:
                 t.blocked.append((t0, time.time()))
+
+
+def add(attr: str, item) -> None:
+    """Append `item` to list `attr` ("calls", "p2p", "spans") of every open timeline."""
+    with LOCK:
+        for t in OPEN:
+            getattr(t, attr).append(item)
+
+
+AROUND: list = []
+"""Context-manager factories entered around every span and recorded collective, by name (a
+profiler's ranges: `torch.profiler.record_function` while `ringzero train --profile` runs)."""
+
+
+def record(name: str, cat: str, start: float, end: float, **args) -> None:
+    """Record a span timed by the caller (`time.time()` readings) on every open timeline."""
+    if OPEN:
+        add("spans", Span(name, cat, threading.current_thread().name, start, end, args))
+
+
+@contextlib.contextmanager
+def span(name: str, cat: str = "phase", **args):
+    """Record the block as a `Span` on every open timeline (nothing when none is open). Yields the
+    span's args, which the block may add to."""
+    if not OPEN:
+        yield args
+        return
+    with contextlib.ExitStack() as stack:
+        for enter in AROUND:
+            stack.enter_context(enter(name))
+        t0 = time.time()
+        try:
+            yield args
+        finally:
+            record(name, cat, t0, time.time(), **args)
+
+
+def spanned(name: str, cat: str):
+    """Decorator: every call of the function is a `span` (on whichever thread runs it)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            with span(name, cat):
+                return fn(*args, **kwargs)
+        return call
+    return wrap
+
+
+def instant(name: str, cat: str = "mark", **args) -> None:
+    """Record a moment (a skipped step, a probe point) on every open timeline."""
+    if OPEN:
+        now = time.time()
+        add("spans", Span(name, cat, threading.current_thread().name, now, now, args))
 
 
 def _union(spans) -> list[tuple[float, float]]:

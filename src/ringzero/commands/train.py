@@ -38,7 +38,7 @@ FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recom
          "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits", "prefetch",
          "offload_optimizer", "offload_params", "nvme_path", "offload_buffers", "servers", "ps_mode",
          "staleness", "save_dir", "save_every", "keep", "init_from", "max_nonfinite", "max_restarts",
-         "compress", "powersgd_rank", "compress_start", "topk_fraction")
+         "compress", "powersgd_rank", "compress_start", "topk_fraction", "trace", "trace_steps", "profile")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -167,6 +167,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     if args.json_report:
         outputs.check(args.json_report, "--json-report")
         outputs.not_an_input(args.json_report, "--json-report", inputs)
+    _check_trace(cfg, inputs)
     if getattr(args, "pipeline_plot", None):
         if cfg.parallel.pp == 1:
             raise ValueError("--pipeline-plot draws a pipeline's schedule: it needs --pp > 1")
@@ -181,6 +182,20 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
             print(line, file=sys.stderr, flush=True)
     return Job(cfg, world, watch)
 
+
+
+def _check_trace(cfg: TrainConfig, inputs: dict) -> None:
+    """--trace and --profile: folders that exist or can be made, and steps this run takes."""
+    from ringzero import outputs
+    from ringzero.run import trace_options
+    if cfg.kind is RunKind.PARAMETER_SERVER and (cfg.trace.trace or cfg.trace.profile):
+        raise ValueError("--trace and --profile record a grid of dp x tp x pp ranks; a parameter server's "
+                         "run is not traced yet (drop --servers or the trace)")
+    trace_options.check(cfg, train_args.first_step(cfg))
+    for flag, folder in (("--trace", cfg.trace.trace), ("--profile", cfg.trace.profile)):
+        if folder is not None:
+            outputs.folder(folder, flag)
+            outputs.not_an_input(os.path.join(folder, "rank0.json"), flag, inputs)
 
 
 def _offload_resources(cfg: TrainConfig, world: int, quiet: bool) -> None:
@@ -268,6 +283,10 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
         data["ranks"] = ranks
         outputs.write_text(path, json.dumps(data, indent=1))
         console.print(f"wrote {path}")
+    if cfg.trace.trace:
+        from ringzero.trace.write import write_traces
+        write_traces(cfg.trace.trace, [r.trace for r in results if r.trace])
+        console.print(f"wrote {cfg.trace.trace}/rank<R>.json and merged.json")
     if plot:
         from ringzero.twin.pipeline_plot import plot as draw
         pipe = data["pipeline"]

@@ -51,7 +51,7 @@ def check_injections(cfg, world: int) -> None:
               if inj is not None]
     if not faults:
         return
-    first = _first_step(cfg)
+    first = first_step(cfg)
     for flag, (rank, step) in faults:
         gradient = flag == "--inject-nonfinite"
         ranks = workers(cfg, world) if gradient else world
@@ -64,7 +64,7 @@ def check_injections(cfg, world: int) -> None:
                              f"{first}-{cfg.training.steps - 1} (steps count from 0)")
 
 
-def _first_step(cfg) -> int:
+def first_step(cfg) -> int:
     """The step a run starts at: its checkpoint's with --resume, else 0."""
     if cfg.checkpoint.resume is None:
         return 0

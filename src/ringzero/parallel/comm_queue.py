@@ -8,6 +8,7 @@ everywhere), which is what makes it safe: two threads using one process group at
 different collectives across ranks and hang. Every data-parallel collective of a training step goes
 through here; tensor parallelism's run on the compute thread, on their own process group.
 The worker is marked `comm.config.mark_beside_compute`: its collectives post receives early.
+A queued function runs under the `comm.kinds` kind of the code that queued it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from ringzero.comm.config import mark_beside_compute
+from ringzero.comm.kinds import carried
 
 
 class CommQueue:
@@ -25,7 +27,7 @@ class CommQueue:
 
     def submit(self, fn, *args, **kwargs) -> Future:
         """Queue `fn(*args, **kwargs)` after every collective queued before it."""
-        fut = self._pool.submit(fn, *args, **kwargs)
+        fut = self._pool.submit(carried(fn), *args, **kwargs)
         self._pending.append(fut)
         return fut
 

@@ -41,6 +41,7 @@ from ringzero.parallel.flat import FlatBucket
 from ringzero.parallel.flat_group import FlatGroup, Weights, nbytes
 from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.parallel.topology import Topology
+from ringzero.comm.kinds import tagged
 
 
 class Accumulation(enum.Enum):
@@ -147,6 +148,7 @@ class FlatStrategy:
         if self.sync or self.sharding.reduces_every_micro_batch:
             self.queue.submit(self._checked_reduce, g)
 
+    @tagged('dp')
     def _checked_reduce(self, g: FlatGroup) -> None:
         """`_reduce`, after noting whether this rank's own gradient is finite: one fp32 sum over the
         bucket (non-finite exactly when an element is, short of an fp32 overflow of the sum)."""
@@ -232,6 +234,7 @@ class FlatStrategy:
     def after_step(self) -> None:
         """Nothing by default (DP updated the whole model on every rank)."""
 
+    @tagged('zero_gather')
     def _gather(self, g: FlatGroup) -> torch.Tensor:
         """The bucket's full weights from every rank's shard (on the queue's thread): only a
         strategy that shards the weights has a bucket that is not FULL."""

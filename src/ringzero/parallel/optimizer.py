@@ -24,6 +24,9 @@ from typing import Callable
 
 import torch
 
+from ringzero.comm import timeline
+from ringzero.comm.kinds import tagged
+
 CHUNK = 1 << 16
 """Elements per chunk when 16-bit gradients are upcast for the fp32 update (256 KiB of fp32)."""
 
@@ -65,6 +68,7 @@ class ShardedAdam:
         self.exp_avg = [torch.zeros_like(w) for w in self.master]
         self.exp_avg_sq = [torch.zeros_like(w) for w in self.master]
 
+    @tagged('norm')
     def _global_sq_norm(self, grads: list[torch.Tensor]) -> tuple[float, float]:
         """(Σ g² over every rank's shard, seconds in its all-reduce): one all-reduce of one number
         when the shards differ."""
@@ -73,9 +77,11 @@ class ShardedAdam:
         sq = torch.tensor([local], dtype=torch.float32)
         if self.sum_over_owners is None:
             return float(sq), 0.0
-        t0 = time.perf_counter()
+        t0 = time.time()
         self.sum_over_owners(sq)
-        return float(sq), time.perf_counter() - t0
+        t1 = time.time()
+        timeline.record("comm", "phase", t0, t1, of="grad norm")   # communication inside the optimizer phase
+        return float(sq), t1 - t0
 
     def step(self, grads: list[torch.Tensor], divisor: float, loss_scale: float = 1.0,
              lr: float | None = None) -> dict:

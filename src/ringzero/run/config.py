@@ -10,6 +10,7 @@ torchtitan's job config is (read from DeepSpeed JSON by `deepspeed.reader`).
     ps          `ps_options.ServerConfig`          a parameter server's servers and consistency
     checkpoint  `checkpoint_options.CheckpointConfig`  saves, resume, initial weights
     faults      `fault_options.FaultConfig`        injected faults, restarts, stragglers
+    trace       `trace_options.TraceConfig`        timeline traces and torch.profiler of some steps
 
 Each section checks its own fields as it is built; `TrainConfig` then checks what needs several
 (`_check` and each option module's `check`). A field is also known by its flat name, the one the
@@ -29,7 +30,7 @@ from ringzero.plan.model.shapes import ModelShape
 from ringzero.plan.pipeline import schedule as pipeline
 from ringzero.plan.placement import Placement
 from ringzero.plan.strategies.sharding import Strategy
-from ringzero.run import checkpoint_options, compress_options, fault_options, ps_options, zero_options
+from ringzero.run import checkpoint_options, compress_options, fault_options, ps_options, trace_options, zero_options
 from ringzero.run.checkpoint_options import CheckpointConfig
 from ringzero.run.compress_options import CompressConfig
 from ringzero.run.fault_options import FaultConfig
@@ -40,12 +41,13 @@ from ringzero.run.model_options import TRAINABLE, ModelConfig
 from ringzero.run.optim_options import OptimConfig
 from ringzero.run.parallel_options import ALGORITHMS, STRATEGIES, ParallelConfig
 from ringzero.run.ps_options import ServerConfig
+from ringzero.run.trace_options import TraceConfig
 from ringzero.run.training_options import TrainingConfig
 from ringzero.run.zero_options import ZeroConfig
 
 SECTIONS: dict[str, type] = {"model": ModelConfig, "training": TrainingConfig, "optim": OptimConfig,
                              "parallel": ParallelConfig, "zero": ZeroConfig, "compress": CompressConfig, "ps": ServerConfig,
-                             "checkpoint": CheckpointConfig, "faults": FaultConfig}
+                             "checkpoint": CheckpointConfig, "faults": FaultConfig, "trace": TraceConfig}
 
 
 @functools.cache
@@ -79,6 +81,7 @@ class TrainConfig:
     ps: ServerConfig
     checkpoint: CheckpointConfig
     faults: FaultConfig
+    trace: TraceConfig
 
     def __init__(self, **given) -> None:
         """Sections by name, fields by their flat names, or both (a flat name wins over its section's
@@ -107,6 +110,7 @@ class TrainConfig:
         ps_options.check(self)
         checkpoint_options.check(self)
         fault_options.check(self)
+        trace_options.check(self)
 
     def _check_pipeline(self) -> None:
         p, t = self.parallel, self.training

@@ -69,3 +69,8 @@ class RankResult:
     """Offloaded bytes at the measured step: {"optimizer", "params"} each {"device", "host", "disk"},
     and "disk_io" {"optimizer", "params"} each {"read", "write"} of that step (the rates offloading
     is predicted from are `probe["offload"]`, `offload_probe.measure`)."""
+    trace: dict | None = None
+    """The traced steps' plain data (`train.tracing.Tracer.data`; `ringzero.trace` writes it as
+    Chrome trace-event files), or None when the run traced nothing."""
+    kinds: dict[str, dict] = field(default_factory=dict)
+    """The measured step's traffic by what it was for (`comm.kinds`): kind -> `Volume` fields."""

@@ -24,6 +24,7 @@ from ringzero.checkpoint.load import Reader, fill, fill_weights
 from ringzero.checkpoint.manifest import CheckpointError, read
 from ringzero.checkpoint.save import Snapshot, snapshot, write
 from ringzero.checkpoint.state import Local, optimizer_states, pieces
+from ringzero.comm import timeline
 from ringzero.run.config import TrainConfig
 from ringzero.train.protocols import CheckpointedTrainer
 
@@ -118,6 +119,7 @@ class Saver:
             self.blocked_s.append(time.perf_counter() - t0)
         return path
 
+    @timeline.spanned("checkpoint write", "checkpoint")
     def _write(self, snap: Snapshot) -> str | None:
         t0 = time.perf_counter()
         try:
@@ -155,7 +157,8 @@ def save_checkpoint(trainer: CheckpointedTrainer, step: int) -> str | None:
     """Save the state after `step` completed steps under `cfg.checkpoint.save_dir` (every rank calls it)."""
     if getattr(trainer, "saver", None) is None:
         trainer.saver = Saver(trainer)
-    return trainer.saver.save(trainer, step)
+    with timeline.span("checkpoint save", "checkpoint", step=step):
+        return trainer.saver.save(trainer, step)
 
 
 def due(cfg: TrainConfig, done: int) -> bool:

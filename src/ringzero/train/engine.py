@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm
+from ringzero.comm import timeline
 from ringzero.parallel.offload.optimizer import offloaded_adam
 from ringzero.parallel.precision import LossScaler, NoScaler, dtype
 from ringzero.parallel.tp.grads import TensorParallelGrads
@@ -33,7 +34,9 @@ from ringzero.train.replica import Replica, adam_config, micro_batches, train_da
 from ringzero.train.step_schedule import GradAccumulation
 from ringzero.train.steps import StepSpan, forward_backward, summarise, validate
 from ringzero.train.straggler import straggle
+from ringzero.train.tracing import Tracer
 from ringzero.twin.rates import median_rates
+from ringzero.comm.kinds import tagged
 
 
 class Trainer:
@@ -105,6 +108,8 @@ class Trainer:
             st.after_step()
         before, hooked = float(self.scaler.scale), st.comm_hook.active
         self.scaler.update(out["skipped"])
+        if out["skipped"]:
+            timeline.instant("skipped step", step=step, loss_scale=float(self.scaler.scale))
         st.settle(out["skipped"], float(self.scaler.scale) / before)   # a residual follows the loss scale
         spent = st.comm_hook.take_compute()
         res.compress_s.append(spent if hooked else None)
@@ -118,6 +123,7 @@ class Trainer:
         ph["comm"] += out["comm_s"]
         return ph, sum(losses) / len(losses) if losses else 0.0
 
+    @tagged('loss')
     def _mean_over_ranks(self, value: float) -> float:
         """The mean over the dp ranks of `value` (a pipeline's: the last stage's)."""
         t, queue = torch.tensor([value], dtype=torch.float64), self.replica.queue
@@ -131,6 +137,7 @@ class Trainer:
         return float(t)
 
     @torch.no_grad()
+    @timeline.spanned("validate", "eval")
     def evaluate(self) -> float:
         self.model.eval()
         c, t = self.cfg, self.topo
@@ -150,10 +157,15 @@ class Trainer:
         points = {span.start + p for p in probe_steps(c.training.steps - span.start)} if calibrate else set()
         prober, start = Prober(c, self.strategy, self.tp_grads.partial_elements) if points else None, time.perf_counter()
         rates = offload_probe.measure(self.opt) if c.zero.offload_optimizer != "none" else None
+        tracer = Tracer(c, self.topo, span.start)
         for step in range(span.start, c.training.steps):
+            tracer.begin(step)
             if step in points:
-                res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
+                with timeline.span("probe", "probe", step=step):
+                    res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
+            t0 = time.time()
             ph, loss = span.timed(self.step, step, res, totals)
+            t1 = time.time()
             if self.replica.stages is not None:
                 res.timelines.append(self.schedule.events)
                 if step == span.measured:
@@ -164,6 +176,7 @@ class Trainer:
             res.skipped, res.loss_scale = self.scaler.skipped, float(self.scaler.scale)
             if checkpointing.due(c, step + 1):
                 checkpointing.save_checkpoint(self, step + 1)
+            tracer.end(step, ph, t0, t1)
             if progress is not None:
                 progress(step, res)
         if c.training.steps in points:
@@ -172,6 +185,7 @@ class Trainer:
         res.timelines, res.stage = res.timelines[steady], self.topo.pp_rank
         res.sp_elements = self.tp_grads.partial_elements if self.cfg.parallel.sequence_parallel else None
         res.probe = median_rates(res.probes) if res.probes else {}
+        res.trace = tracer.data
         if rates is not None:
             res.probe["offload"] = rates
         return self.finish(res, keep_params)

@@ -17,6 +17,7 @@ import os
 import signal
 
 from ringzero import comm
+from ringzero.comm.kinds import tagged
 
 
 class NonFiniteError(RuntimeError):
@@ -52,6 +53,7 @@ class NonFinite:
         self.in_a_row += 1
         stop_if(self.in_a_row, self.cfg.faults.max_nonfinite, step, ranks)
 
+    @tagged('check')
     def _origin(self, mine: bool) -> list[int]:
         """The grid ranks whose own gradient was not finite (one all-reduce; only on skipped steps)."""
         import torch

@@ -144,7 +144,7 @@ class PipelineSchedule:
         if not st.is_first(a.chunk):
             leaf = self._recv(needs, j, hooks).requires_grad_(True)
         t0 = time.perf_counter()
-        with hooks.phase("forward"):
+        with hooks.phase("forward", micro=a.micro, chunk=a.chunk):
             if leaf is not None:
                 x = st.gather_activation(leaf, self.shape)
             if hooks.measure:
@@ -169,7 +169,7 @@ class PipelineSchedule:
         leaf, out = self._held.pop((a.micro, a.chunk))
         grad = None if st.is_last(a.chunk) else self._recv(needs, j, hooks)
         t0 = time.perf_counter()
-        with hooks.phase("backward"):
+        with hooks.phase("backward", micro=a.micro, chunk=a.chunk):
             torch.autograd.backward(out, None if grad is None else st.gather_grad(grad, self.shape))
         self._pad(t0, "B")
         if leaf is not None:

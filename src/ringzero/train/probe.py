@@ -59,6 +59,7 @@ from ringzero.parallel.compression.cast16 import DTYPES
 from ringzero.train.probe_compress import CompressProbe
 from ringzero.train.probe_tp import TPLayerPass
 from ringzero.twin.rates import call_key
+from ringzero.comm.kinds import tagged
 
 PROBE_EVERY, MAX_POINTS = 10, 16
 """About one probe point per `PROBE_EVERY` steps, at least two (before the first step and after the
@@ -231,6 +232,7 @@ class Prober:
             self.queue.submit(fn).result()
         return time.perf_counter() - t0
 
+    @tagged('probe')
     def __call__(self) -> dict:
         """{"flops": FLOP/s, "optimizer_s_per_param": s, "comm": {call_key: s}, "cost_s": seconds
         this point took, "warmup_s": seconds of first use (the first point only)}."""

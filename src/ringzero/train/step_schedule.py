@@ -37,18 +37,25 @@ class StepHooks:
         self.saved_bytes: int | None = None
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        t0 = time.perf_counter()
-        try:
-            with timeline.blocking() if name == "comm" else contextlib.nullcontext():
-                yield
-        finally:
-            self.seconds[name] += time.perf_counter() - t0
+    def phase(self, name: str, **args) -> Iterator[None]:
+        """Time the block as phase `name` (on an open timeline: a span with `args`, e.g. the
+        micro-batch; the seconds added are the span's own, so a trace sums to them exactly)."""
+        with contextlib.ExitStack() as stack:
+            for enter in timeline.AROUND:
+                stack.enter_context(enter(name))
+            t0 = time.time()
+            try:
+                with timeline.blocking() if name == "comm" else contextlib.nullcontext():
+                    yield
+            finally:
+                t1 = time.time()
+                self.seconds[name] += t1 - t0
+                timeline.record(name, "phase", t0, t1, **args)
 
     @contextlib.contextmanager
     def forward(self, micro_batch: int) -> Iterator[None]:
         """The forward of `micro_batch`; the first one's saved activations are counted when measuring."""
-        with self.phase("forward"):
+        with self.phase("forward", micro=micro_batch):
             if self.measure and micro_batch == 0:
                 with SavedBytes(self.model) as saved:
                     yield
@@ -68,7 +75,7 @@ class GradAccumulation:
             strategy.sync = k == len(micro_batches) - 1
             with hooks.forward(k):
                 loss = model(x, y)
-            with hooks.phase("backward"):
+            with hooks.phase("backward", micro=k):
                 (loss * loss_scale).backward()
             with hooks.phase("comm"):
                 strategy.finish_backward()

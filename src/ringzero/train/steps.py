@@ -12,6 +12,7 @@ import time
 
 from ringzero import comm
 from ringzero.comm.timeline import Timeline
+from ringzero.plan.comm.volume import FIELDS
 from ringzero.run.config import TrainConfig
 from ringzero.run.result import RankResult
 from ringzero.train.step_schedule import StepHooks
@@ -47,10 +48,22 @@ class StepSpan:
         totals.append(time.perf_counter() - t0)
         res.calls.append(calls)
         if step == self.measured:
-            res.traffic = meter.summary()
+            res.traffic, res.kinds = meter.summary(), by_kind(calls)
         elif step == self.plain:
             res.traffic_plain = meter.summary()
         return out
+
+
+def by_kind(log: Timeline) -> dict[str, dict[str, int]]:
+    """The traffic of `log`'s collectives and point-to-point posts, summed by kind (`comm.kinds`):
+    kind -> {`Volume` field: total}."""
+    out: dict[str, list[int]] = {}
+    for c in (*log.calls, *log.p2p):
+        if c.counts is not None:
+            acc = out.setdefault(c.kind, [0] * len(FIELDS))
+            for i, v in enumerate(c.counts):
+                acc[i] += v
+    return {k: dict(zip(FIELDS, v)) for k, v in sorted(out.items())}
 
 
 def validate(cfg: TrainConfig, step: int, res: RankResult, evaluate, since: float) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from ringzero.comm import timeline
 from ringzero.run.config import TrainConfig
 
 
@@ -14,5 +15,7 @@ def straggle(cfg: TrainConfig, rank: int, compute_s: float) -> float:
     if cfg.faults.straggler is None or cfg.faults.straggler[0] != rank:
         return 0.0
     extra = (cfg.faults.straggler[1] - 1.0) * compute_s
+    t0 = time.time()
     time.sleep(extra)
+    timeline.record("straggler", "phase", t0, t0 + extra, factor=cfg.faults.straggler[1])
     return extra

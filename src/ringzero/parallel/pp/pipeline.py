@@ -24,6 +24,7 @@ from ringzero import comm
 from ringzero.parallel.pp.boundary import StageBoundary
 from ringzero.parallel.pp.sequential import SequentialStages
 from ringzero.plan.pipeline.layout import chunk_layers, stage_chunks
+from ringzero.comm.kinds import tagged
 
 
 class PipelineStages(StageBoundary):
@@ -72,6 +73,7 @@ class PipelineStages(StageBoundary):
             return None
         return self.model.wte.weight
 
+    @tagged('embedding')
     def sync_tied_grads(self, strategy) -> None:
         """Sum the token embedding's gradient over the first and last stage (in the strategy's
         unreduced gradient flat, before the dp reduction: the sums commute)."""

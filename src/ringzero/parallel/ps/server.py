@@ -42,6 +42,7 @@ from ringzero.comm.point_to_point import post, recv_any
 from ringzero.plan.strategies.param_server import PSConfig
 from ringzero.watchdog import beacon
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
+from ringzero.comm.kinds import tagged
 
 PUSH, STOP = 1.0, 2.0
 HEADER = 4
@@ -125,6 +126,7 @@ class ParameterServer:
     def server_clock(self) -> int:
         return min(self.clock.values())
 
+    @tagged('ps')
     def serve(self) -> ServerLog:
         """Answer pushes until every worker has stopped; returns the log."""
         header = torch.empty(HEADER, dtype=torch.float64)

@@ -28,6 +28,7 @@ from torch import nn
 from ringzero import comm
 from ringzero.plan.strategies.tensor_parallel import padded_vocab  # noqa: F401  (re-exported: the split's rows)
 from ringzero.parallel.tp.ops import copy_to_tp, gather_from_seq, group_size, reduce_from_tp
+from ringzero.comm.kinds import tagged
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -64,6 +65,7 @@ class VocabParallelHead(nn.Module):
         return logits if self.pad is None else logits.masked_fill(self.pad, float("-inf"))
 
 
+@tagged('tp')
 def _all_reduce(t: torch.Tensor, op: str, group, algorithm: str) -> None:
     if group_size(group) > 1:
         comm.all_reduce(t, op=op, group=group, algorithm=algorithm)

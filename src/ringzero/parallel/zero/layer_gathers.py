@@ -25,6 +25,7 @@ from ringzero.parallel.flat_group import FlatGroup, Weights
 from ringzero.parallel.zero.gather import AllGather
 from ringzero.parallel.zero.shards import ShardStore
 from ringzero.parallel.zero.zeropp import Policies
+from ringzero.comm.kinds import tagged
 
 
 class TrainingState(enum.Enum):
@@ -79,6 +80,7 @@ class LayerGathers:
             return hpz.gather
         return functools.partial(self._gather_weights, ahead=self.read_ahead(g, backward))
 
+    @tagged('zero_gather')
     def _gather_weights(self, g: FlatGroup, ahead: FlatGroup | None = None) -> torch.Tensor:
         with self.shards.loaded(g, ahead) as src:
             full = self.policies.gather.gather(g, src)
@@ -86,6 +88,7 @@ class LayerGathers:
             self.policies.secondary.keep(g, full)
         return full
 
+    @tagged('zero_gather')
     def exact_gather(self, g: FlatGroup) -> torch.Tensor:
         """The bucket's exact weights (never quantized), on the queue's thread."""
         with self.shards.loaded(g) as src:

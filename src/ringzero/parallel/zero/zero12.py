@@ -14,6 +14,7 @@ from ringzero import comm
 from ringzero.plan.strategies.sharding import ZERO1, ZERO2
 from ringzero.parallel.flat_group import FlatGroup
 from ringzero.parallel.flat_strategy import FlatStrategy
+from ringzero.comm.kinds import tagged
 
 
 class ZeRO1(FlatStrategy):
@@ -33,6 +34,7 @@ class ZeRO1(FlatStrategy):
         if self.sharding.shard_grads:
             g.grad_flat = None
 
+    @tagged('zero_gather')
     def after_step(self) -> None:
         """All-gather the updated shards into every rank's full weights."""
         if not self.sharding.gathers_after_step or self.topology.dp == 1:

@@ -1,0 +1,8 @@
+"""Seeing a step: the traced steps of a run as Chrome trace-event files, merged across ranks.
+
+Start with `write.write_traces` (what `ringzero train --trace DIR` calls): each rank's traced
+steps (`train.tracing.Tracer.data`, plain data) become `DIR/rank<R>.json` (`events.rank_events`,
+in the format torch.profiler's Kineto writes) and `DIR/merged.json` (`merge`: every rank on one
+clock, flows joining each collective's records). `validate` checks a trace against the rules
+Perfetto and chrome://tracing read by. torch-free: these read plain data.
+"""
