@@ -54,3 +54,16 @@ def test_a_section_refuses_its_own_bad_field_and_the_config_what_needs_two(build
     with pytest.raises(FieldError) as e:
         build()
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("fields", [
+    {},
+    dict(strategy="zero2", straggler=(1, 2.0), emulate_inter_node=(0.05, 20.0), ranks_per_node=1),
+    dict(strategy="zero3", zeropp=("qwz", "hpz"), hpz_partition=2, precision="bf16", betas=(0.8, 0.9)),
+    dict(precision="fp16", pp=2, layers=2, grad_accum=4, pipeline_cost=(0.02, 0.04)),
+])
+def test_from_dict_reads_back_what_as_dict_wrote(fields):
+    import json
+    cfg = TrainConfig(**fields)
+    assert TrainConfig.from_dict(json.loads(json.dumps(cfg.as_dict()))) == cfg
+    assert TrainConfig.from_dict(cfg.as_dict(), grad_accum=8).training.grad_accum == 8

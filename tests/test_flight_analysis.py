@@ -174,3 +174,14 @@ def test_a_real_skipped_collective_is_named_by_the_stall_report_and_the_verdict(
         os.remove(path)
     assert f"Not all ranks joining collective, sequence number: {seq};" in verdict, verdict
     assert "collective: ringzero:all_reduce; missing ranks: {1}; collective state: started" in verdict, verdict
+
+
+def test_analyze_prints_the_verdict_of_a_hangs_dump(tmp_path, capsys):
+    from ringzero import cli
+    dump = {str(r): {"version": flight.VERSION, "pg_config": {}, "pg_status": {}, "entries": h}
+            for r, h in {0: _history(5), 1: [], 2: _history(5)}.items()}
+    path = tmp_path / "stall.json"
+    path.write_text(json.dumps(dump))
+    assert cli.main(["analyze", str(path)]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("Not all ranks joining collective, sequence number: 5;") and "missing ranks: {1}" in out, out

@@ -16,18 +16,24 @@ from ringzero.run.config import TrainConfig
 from ringzero.trace import merge
 from ringzero.trace.validate import problems
 from ringzero.trace.write import write_traces
+from ringzero.twin import kinds as report_kinds
+from ringzero.twin import predict
 from ringzero.train.rank import train_rank
 
 from cli_errors import forbid_ranks, train_fails
 
 BASE = dict(model="nano", seq=16, micro_batch=1, steps=5, max_bytes=65536, eval_every=4, eval_batches=1)
 CASES = {"zero2": dict(strategy="zero2", grad_accum=2), "tp-sp": dict(tp=2, sequence_parallel=True, strategy="zero1"),
-         "pp": dict(pp=2, layers=2, grad_accum=2, strategy="dp"), "zero3": dict(strategy="zero3")}
+         "pp": dict(pp=2, layers=2, grad_accum=2, strategy="dp"), "zero3": dict(strategy="zero3"),
+         "dp-tp": dict(tp=2, sequence_parallel=True, strategy="zero1")}
+WORLD = {"dp-tp": 4}
+"""Ranks per case (2 unless named): dp-tp is dp 2 × tp 2."""
 
 
 def _traced(group, cfg):
     r = train_rank(cfg, group=group, calibrate=False)
-    return {"trace": r.trace, "kinds": r.kinds, "traffic": r.traffic}
+    return {"trace": r.trace, "kinds": r.kinds, "traffic": r.traffic, "rank": r.rank, "buckets": r.buckets,
+            "sp_elements": r.sp_elements}
 
 
 _RUNS: dict = {}
@@ -37,7 +43,7 @@ def _run(pool, tmp_path_factory, case):
     if case not in _RUNS:
         folder = tmp_path_factory.mktemp(case)
         cfg = TrainConfig(**{**BASE, **CASES[case]}, trace=str(folder), trace_steps="1:4")
-        results = pool.run(_traced, cfg, world=2)
+        results = pool.run(_traced, cfg, world=WORLD.get(case, 2))
         write_traces(str(folder), [r["trace"] for r in results])
         _RUNS[case] = folder, results
     return _RUNS[case]
@@ -54,12 +60,12 @@ def test_traces_are_valid_and_hold_every_phase(pool, tmp_path_factory, case):
     for name in ("rank0", "rank1", "merged"):
         doc = _load(folder, name)
         assert problems(doc) == [], name
-        assert doc["distributedInfo"]["world_size"] == 2
+        assert doc["distributedInfo"]["world_size"] == WORLD.get(case, 2)
     merged = _load(folder, "merged")
     names = {(e["ph"], e.get("cat"), e["name"]) for e in merged["traceEvents"]}
     for phase in ("forward", "backward"):
         assert ("X", "phase", phase) in names
-    assert sum(e["ph"] == "X" and e.get("cat") == "step" for e in merged["traceEvents"]) == 2 * 3
+    assert sum(e["ph"] == "X" and e.get("cat") == "step" for e in merged["traceEvents"]) == WORLD.get(case, 2) * 3
     assert any(e["ph"] == "s" for e in merged["traceEvents"]), "no flow joins a collective across ranks"
     if case == "pp":
         assert {e["ph"] for e in merged["traceEvents"] if e.get("cat") == "p2p"} == {"b", "e"}
@@ -69,7 +75,7 @@ def test_traces_are_valid_and_hold_every_phase(pool, tmp_path_factory, case):
 @pytest.mark.parametrize("case", CASES)
 def test_trace_bytes_equal_the_meters_and_phases_sum_to_the_engines(pool, tmp_path_factory, case):
     folder, _ = _run(pool, tmp_path_factory, case)
-    for rank in (0, 1):
+    for rank in range(WORLD.get(case, 2)):
         doc = _load(folder, f"rank{rank}")
         events = doc["traceEvents"]
         sent = sum(e["args"]["bytes sent"] for e in events if e.get("cat") == "collective")
@@ -99,8 +105,31 @@ def test_every_byte_of_the_measured_step_has_a_kind(pool, tmp_path_factory, case
         assert sum(kinds.values(), Volume()).bytes_recv == metered.bytes_recv
         assert "other" not in kinds, kinds
         expect = {"zero2": {"dp", "zero_gather"}, "tp-sp": {"tp", "sp", "norm"},
-                  "pp": {"pp", "embedding", "norm"}, "zero3": {"dp", "zero_gather"}}[case]
+                  "pp": {"pp", "embedding", "norm"}, "zero3": {"dp", "zero_gather"},
+                  "dp-tp": {"dp", "zero_gather", "tp", "sp", "norm"}}[case]
         assert expect <= {k for k, v in kinds.items() if v.bytes_sent}, kinds
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("case", CASES)
+def test_the_planner_predicts_every_kinds_bytes_exactly(pool, tmp_path_factory, case):
+    """The report's per-kind twins: predicted == measured for every kind, sent and received."""
+    _, results = _run(pool, tmp_path_factory, case)
+    cfg, world = TrainConfig(**{**BASE, **CASES[case]}), WORLD.get(case, 2)
+    for r in results:
+        want = {k: v for k, v in predict.traffic_by_kind(cfg, world, r["buckets"], r["rank"], r["sp_elements"]).items()
+                if v.bytes_sent or v.bytes_recv}
+        got = {k: Volume(**v) for k, v in r["kinds"].items() if v["bytes_sent"] or v["bytes_recv"]}
+        assert {k: (v.bytes_sent, v.bytes_recv) for k, v in got.items()} == \
+            {k: (v.bytes_sent, v.bytes_recv) for k, v in want.items()}, r["rank"]
+    rows = {t.name: t for t in report_kinds.twins(cfg, world, [_Result(r) for r in results])}
+    assert len(rows) >= 2 and all(t.error == 0 for t in rows.values()), rows
+
+
+class _Result:
+    """The fields of a `RankResult` the kind twins read, from a traced run's plain data."""
+    def __init__(self, r: dict) -> None:
+        self.__dict__.update(r)
 
 
 def _delayed(group, delay_s):

@@ -23,6 +23,7 @@ EXAMPLES = """examples:
   ringzero plan --model llama-2-7b --gpus 8 --gpu a100-80gb --zero 3 --search
   ringzero bench comm --nproc 4 --collective all_reduce --compare
   ringzero explain all-reduce --algorithm ring --world 4
+  ringzero analyze traces/
 
 `ringzero COMMAND --help` shows a command's options. Bad input exits with code 2 and one line
 naming what is wrong; a failure while running exits with code 1 and one line naming the rank and
@@ -35,6 +36,7 @@ COMMANDS = {
     "bench": (None, "benchmarks against the peer in the same run (comm, train)"),
     "explain": ("ringzero.comm.explain", "step-by-step walk-through of a collective algorithm"),
     "checkpoint": ("ringzero.commands.checkpoint", "inspect a checkpoint, or consolidate it into one file"),
+    "analyze": ("ringzero.commands.analyze", "what a traced or reported run spent its steps on, and its bottleneck"),
 }
 BENCHES = {
     "comm": ("ringzero.bench.comm", "every collective x algorithm x size on --nproc ranks"),
@@ -174,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             args = build_parser(first if first in COMMANDS else None).parse_args(argv)
+            args.argv = list(argv)         # what a report keeps to be rerun (`ringzero analyze --try-best`)
         except SystemExit as exc:          # --help, --version, or a parse error already printed
             return exc.code if isinstance(exc.code, int) else 0
         return int(args.handler(args) or 0)

@@ -256,11 +256,12 @@ def run(args: argparse.Namespace) -> int:
         if int(os.environ["RANK"]):
             return 0
         results = results if isinstance(results, list) else [results]
-    _report(cfg, world, results, args.json_report, args.pipeline_plot)
+    _report(cfg, world, results, args.json_report, args.pipeline_plot, getattr(args, "argv", None))
     return 0
 
 
-def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None) -> None:
+def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None,
+            argv: list[str] | None = None) -> None:
     from rich.console import Console
 
     from ringzero import outputs
@@ -280,7 +281,8 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     train_log.saves(results, console)
     data = report.to_json(cfg, world, results, rows, probes) if path or plot else None
     if path:
-        data["ranks"] = ranks
+        report_wait.into_json(data["ranks"], ranks, results)
+        data["argv"] = argv
         outputs.write_text(path, json.dumps(data, indent=1))
         console.print(f"wrote {path}")
     if cfg.trace.trace:

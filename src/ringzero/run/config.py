@@ -34,6 +34,7 @@ from ringzero.run import checkpoint_options, compress_options, fault_options, ps
 from ringzero.run.checkpoint_options import CheckpointConfig
 from ringzero.run.compress_options import CompressConfig
 from ringzero.run.fault_options import FaultConfig
+from ringzero.run.precision_options import LossScalerConfig
 from ringzero.run.fields import FieldError
 from ringzero.run.gpt_shape import ATTENTIONS
 from ringzero.run.kind import RunKind
@@ -147,6 +148,17 @@ class TrainConfig:
     def flat(self) -> dict:
         """Every field by its flat name: the config as the command line and reports write it."""
         return {name: getattr(getattr(self, s), f.name) for name, (s, f) in flat_fields().items()}
+
+    @classmethod
+    def from_dict(cls, data: dict, **changes) -> "TrainConfig":
+        """The configuration `as_dict` wrote (a report's, a checkpoint's), with `changes` (flat
+        fields) applied: the loss scaler's dict and JSON's lists become the fields' own types."""
+        fields = {}
+        for k, v in {**data, **changes}.items():
+            if k == "loss_scaler" and isinstance(v, dict):
+                v = LossScalerConfig(**v)
+            fields[k] = tuple(v) if isinstance(v, list) else v
+        return cls(**fields)
 
     def as_dict(self) -> dict:
         """`flat`, as plain data (the loss scaler's settings a dict): what reports and checkpoints hold."""

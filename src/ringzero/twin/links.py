@@ -61,3 +61,14 @@ def cross_node(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], ra
             sent += times * s
             recv += times * r
     return {"cross_node_bytes_sent": sent, "cross_node_bytes_recv": recv}
+
+
+def emulated_link_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0,
+                          sp_elements: int | None = None) -> float:
+    """Seconds `rank`'s NIC spends sending its cross-node bytes of one step over the emulated link
+    (`--emulate-inter-node GBPS`: the emulator holds each cross-node message for its size over the
+    bandwidth, one at a time per NIC); 0 without one. Latency per message is left out."""
+    if cfg.parallel.emulate_inter_node is None:
+        return 0.0
+    gbps, _ = cfg.parallel.emulate_inter_node
+    return cross_node(cfg, world, buckets, rank, sp_elements)["cross_node_bytes_sent"] / (gbps * 1e9)

@@ -153,18 +153,47 @@ def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int
     return select.choose(collective, n, nbytes, node_size(cfg, n)) if algo == "auto" else algo
 
 
+def call_kinds(cfg: TrainConfig, group: str, group_calls: list) -> list[str]:
+    """The communication kind (`ringzero.comm.kinds`) of each of `group`'s calls of one step: a dp
+    group's gradient reduction "dp", its weight all-gathers "zero_gather" (under gradient
+    compression every call of the reduction is "dp", top-k's all-gathers too), the gradient norm's
+    one-fp32 sum "norm" (the dp group's last call where the strategy sums it there, and the tp and
+    pp groups' after backward), tensor parallelism "tp", the sequence-parallel gradient sum "sp",
+    the tied embedding's "embedding"."""
+    if group in ("tp", "embedding"):
+        return [group] * len(group_calls)
+    if group in ("tp_step", "pp_step"):
+        return ["sp"] * (len(group_calls) - 1) + ["norm"]
+    squeezed = compress_options.compression(cfg).on
+    out = ["zero_gather" if c[0] == "all_gather" and not squeezed else "dp" for c in group_calls]
+    if group == "dp" and group_calls and (cfg.zero.zeropp or cfg.sharding.norm_all_reduce):
+        out[-1] = "norm"
+    return out
+
+
+def traffic_by_kind(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0,
+                    sp_elements: int | None = None) -> dict[str, Volume]:
+    """`rank`'s traffic of one step by communication kind (`call_kinds`; a pipeline stage's
+    point-to-point messages "pp"), each call's bytes as `traffic` prices them; kinds with no call
+    are left out."""
+    p2p = pipe.p2p_traffic(cfg, cfg.placement(world).coords(rank)["pp"])
+    out = {"pp": Volume(**p2p)} if cfg.parallel.pp > 1 else {}
+    for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank):
+        rpn, r = node_size(cfg, n), _index(cfg, world, group, rank)
+        for kind, (collective, count, size, times) in zip(call_kinds(cfg, group, group_calls), group_calls):
+            algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
+            out[kind] = out.get(kind, Volume()) + times * volume(call_for(collective, algo, n, count, size,
+                                                                          ranks_per_node=rpn), r)
+    return out
+
+
 def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0,
             sp_elements: int | None = None) -> dict[str, int]:
     """Bytes `rank` sends and receives in one step ("auto" resolved exactly as `ringzero.comm` does;
     "torch", the backend's own collective, as its ring twin `plan.comm.volume.BACKEND_TWIN`, which
     the traffic meter cannot see): every group's collectives (`grouped_calls`) and a pipeline
-    stage's point-to-point messages."""
-    total = Volume(**pipe.p2p_traffic(cfg, cfg.placement(world).coords(rank)["pp"]))
-    for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank):
-        rpn, r = node_size(cfg, n), _index(cfg, world, group, rank)
-        for collective, count, size, times in group_calls:
-            algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
-            total += times * volume(call_for(collective, algo, n, count, size, ranks_per_node=rpn), r)
+    stage's point-to-point messages, the sum of `traffic_by_kind`."""
+    total = sum(traffic_by_kind(cfg, world, buckets, rank, sp_elements).values(), Volume())
     return {"bytes_sent": total.bytes_sent, "bytes_recv": total.bytes_recv}
 
 

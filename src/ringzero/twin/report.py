@@ -21,6 +21,7 @@ import os
 import statistics
 
 from ringzero.twin import compression as report_compression
+from ringzero.twin import kinds as report_kinds
 from ringzero.twin import predict
 from ringzero.twin import zero as report_zero
 from ringzero.twin import pipeline as pipe
@@ -106,6 +107,7 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
                       None if opaque else max(total_sent), "bytes"),
                  Twin("bytes received per step", max(s["bytes_recv"] for s in sent),
                       None if opaque else max(total_recv), "bytes")]
+    rows += report_kinds.twins(cfg, world, results)
     rows += report_zero.link_twins(cfg, world, results) + report_zero.zeropp_twins(cfg, world, results) \
         + report_zero.gathered_twins(cfg, world, results) \
         + report_zero.offload_twins(cfg, world, results) \
@@ -229,7 +231,8 @@ def _rank_json(r: RankResult) -> dict:
     ops = r.traffic.get("ops", {}).values()
     return {"rank": r.rank, "step_time": r.step_time, "phases": r.phases, "held": r.held,
             "activations": r.activations, "bytes_sent": sum(op["bytes_sent"] for op in ops),
-            "bytes_recv": sum(op["bytes_recv"] for op in ops), "skipped_steps": r.skipped}
+            "bytes_recv": sum(op["bytes_recv"] for op in ops), "skipped_steps": r.skipped,
+            "bytes_by_kind": r.kinds, "buckets": r.buckets, "sp_elements": r.sp_elements}
 
 
 def caption(probes: dict | None = None) -> str:

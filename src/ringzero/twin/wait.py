@@ -56,6 +56,28 @@ def comm_waits(results: list[RankResult]) -> list[float]:
     return _medians(results, _in_comm)
 
 
+def kind_waits(results: list[RankResult]) -> list[dict[str, float]]:
+    """Each rank's median wait per step in each communication kind's collectives (`comm.kinds`),
+    the kinds it waited in at all."""
+    kinds = sorted({c.kind for r in results for t in r.calls for c in t.calls})
+    per = {k: _medians(results, lambda t, k=k: _only(t, k)) for k in kinds}
+    return [{k: per[k][i] for k in kinds if per[k][i] > 0} for i in range(len(results))]
+
+
+def into_json(ranks_json: list[dict], rows: list[dict], results: list[RankResult]) -> None:
+    """Each rank's row of the table of ranks (`render`'s) and its waits by kind (`kind_waits`) into
+    the JSON report's entry of that rank."""
+    by_rank = {row["rank"]: row for row in rows}
+    for d, w in zip(ranks_json, kind_waits(results)):
+        d.update(by_rank.get(d["rank"], {}), waits_by_kind=w)
+
+
+def _only(t: Timeline, kind: str) -> Timeline:
+    out = Timeline()
+    out.calls, out.blocked = [c for c in t.calls if c.kind == kind], list(t.blocked)
+    return out
+
+
 def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]:
     """The most waiting rank's wait, when a straggler is injected (otherwise the waits are noise).
     None under ZeRO-3, tensor or pipeline parallelism: there the wait falls inside forward and

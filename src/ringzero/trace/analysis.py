@@ -1,0 +1,147 @@
+"""What a traced step spent its time on, per rank and for the job, and what holds it back.
+
+`of_trace` reads a merged trace (`merge`), `of_report` a run's JSON report; both give the same
+plain data, which `bottlenecks` reads:
+
+- the temporal breakdown as Holistic Trace Analysis defines it (HTA's `get_temporal_breakdown`):
+  per step, compute time (forward, backward, the optimizer, an injected straggler's sleep, less the
+  collectives the computing thread blocks in), non-compute time (communication that no compute
+  overlaps) and idle time (the rest of the step: neither), and HTA's communication/computation
+  overlap ratio (`get_comm_comp_overlap`: time computing while communicating / time communicating);
+- each rank's wait for its last peer in each collective kind (`comm.kinds`; the part of it that no
+  compute of the rank hides, as the run report counts it: `twin.wait`), and its relative
+  straggler score as nvidia-resiliency-ext's straggler detector scores ranks: the fastest rank's
+  compute time over this rank's (1 = as fast as the fastest, 0.5 = twice as slow), compute here
+  being forward, backward and an injected straggler's sleep (what a slower device stretches; the
+  optimizer's fixed cost would dilute the score);
+- the bottleneck, named from these by `bottlenecks` (thresholds in `LIMITS`).
+
+A report has no timeline, so `of_report` gives no overlap ratio (None); its breakdown is the
+report's measured phases (exposed communication = the step outside forward, backward and the
+optimizer, as the twin table's). torch-free: it reads plain data.
+"""
+
+from __future__ import annotations
+
+from ringzero.trace.intervals import intersect, length, minus, union
+
+COMPUTE = ("forward", "backward", "optimizer", "straggler")
+"""The phases that compute (an injected straggler's sleep stands for a slower device's compute)."""
+SCORED = ("forward", "backward", "straggler")
+"""The compute a straggler score compares."""
+
+LIMITS = {"straggler_score": 0.8, "bubble": 0.2, "exposed": 0.3, "optimizer": 0.3}
+"""When a cost is named a bottleneck: a rank scoring below 0.8 (1.25x the fastest rank's
+compute), a pipeline bubble above 20 % of the step, exposed communication above 30 %, the
+optimizer (with its offload I/O) above 30 %."""
+
+
+def _rank_of_trace(events: list[dict]) -> dict:
+    """One rank's per-step breakdown from its events in a merged trace (times in µs)."""
+    steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["ph"] == "X" and e.get("cat") == "step"]
+    if not steps:
+        raise ValueError("the trace holds no step (was it written by ringzero train --trace?)")
+    phases = [e for e in events if e["ph"] == "X" and e.get("cat") == "phase"]
+    compute_tids = {e["tid"] for e in phases}
+    colls = [e for e in events if e["ph"] == "X" and e.get("cat") == "collective"]
+    begins = {e["id"]: e for e in events if e["ph"] == "b" and e.get("cat") == "p2p"}
+    p2p = [(begins[e["id"]]["ts"], e["ts"]) for e in events if e["ph"] == "e" and e["id"] in begins]
+    comm = union([(e["ts"], e["ts"] + e["dur"]) for e in colls] + p2p)
+    blocking = union([(e["ts"], e["ts"] + e["dur"]) for e in colls if e["tid"] in compute_tids]
+                     + [(e["ts"], e["ts"] + e["dur"]) for e in phases if e["name"] == "comm"])
+    compute = minus(union([(e["ts"], e["ts"] + e["dur"]) for e in phases if e["name"] in COMPUTE]), blocking)
+    scored = minus(union([(e["ts"], e["ts"] + e["dur"]) for e in phases if e["name"] in SCORED]), blocking)
+    window = union(steps)
+    n = len(steps)
+    within = lambda spans: length(_clip(spans, window))
+    overlap = within(intersect(compute, comm))
+    waiting: dict[str, list[tuple]] = {}      # [arrival, last peer's arrival] per call; calls overlap on threads
+    for e in colls:
+        w = e["args"].get("wait for last peer (us)")
+        if w:
+            waiting.setdefault(e["args"].get("kind", "other"), []).append((e["ts"], e["ts"] + w))
+    hidden = lambda v: minus(union(v), compute)     # a wait while this rank still computes costs nothing
+    waits = {k: within(hidden(v)) / 1e6 / n for k, v in waiting.items() if within(hidden(v))}
+    norm = union([(e["ts"], e["ts"] + e["dur"]) for e in phases if e["name"] == "comm"])    # nested in the optimizer's
+    spans = lambda names: minus(union([(e["ts"], e["ts"] + e["dur"]) for e in phases if e["name"] in names]), norm)
+    phase = lambda name: within(spans((name,))) / 1e6 / n
+    comm_s = within(comm) / 1e6 / n
+    return {"step_s": length(window) / 1e6 / n, "compute_s": within(compute) / 1e6 / n,
+            "scored_s": within(scored) / 1e6 / n,
+            "non_compute_s": comm_s - overlap / 1e6 / n,
+            "idle_s": (length(window) - within(union(compute + comm))) / 1e6 / n,
+            "comm_s": comm_s, "overlap_ratio": overlap / within(comm) if within(comm) else None,
+            "bubble_s": phase("pipeline_wait"), "optimizer_s": phase("optimizer"),
+            "exposed_s": (length(window) - within(spans(COMPUTE))) / 1e6 / n
+            - phase("pipeline_wait"), "waits_s": waits,
+            "wait_s": within(hidden([s for v in waiting.values() for s in v])) / 1e6 / n, "steps": n}
+
+
+def _clip(spans: list[tuple], window: list[tuple]) -> list[tuple]:
+    return intersect(union(spans), window)
+
+
+def of_trace(doc: dict) -> dict:
+    """The analysis of a merged trace (`merge`'s file, loaded)."""
+    by_rank: dict[int, list[dict]] = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] != "M":
+            by_rank.setdefault(e["pid"], []).append(e)
+    ranks = [{"rank": r, **_rank_of_trace(evs)} for r, evs in sorted(by_rank.items())]
+    return _scored({"source": "trace", "world": doc["ringzero"]["world"], "ranks": ranks,
+                    "pipeline": None, "config": None})
+
+
+def of_report(report: dict) -> dict:
+    """The analysis of a run's JSON report (`ringzero train --json-report`)."""
+    ranks = []
+    for r in report["ranks"]:
+        ph = r["phases"]
+        compute = sum(ph.get(k, 0.0) for k in COMPUTE)
+        exposed = max(0.0, r["step_time"] - compute - ph.get("pipeline_wait", 0.0))
+        ranks.append({"rank": r["rank"], "step_s": r["step_time"], "compute_s": compute,
+                      "scored_s": sum(ph.get(k, 0.0) for k in SCORED), "non_compute_s": exposed,
+                      "idle_s": ph.get("pipeline_wait", 0.0), "comm_s": None, "overlap_ratio": None,
+                      "bubble_s": ph.get("pipeline_wait", 0.0), "optimizer_s": ph.get("optimizer", 0.0),
+                      "exposed_s": exposed, "waits_s": r.get("waits_by_kind", {}),
+                      "wait_s": r.get("waiting_s", sum(r.get("waits_by_kind", {}).values())), "steps": None})
+    return _scored({"source": "report", "world": report["world"], "ranks": ranks,
+                    "pipeline": report.get("pipeline"), "config": report.get("config")})
+
+
+def _scored(a: dict) -> dict:
+    fastest = min(r["scored_s"] for r in a["ranks"])
+    for r in a["ranks"]:
+        r["score"] = fastest / r["scored_s"] if r["scored_s"] else 1.0
+    return {**a, "bottlenecks": bottlenecks(a)}
+
+
+def bottlenecks(a: dict) -> list[dict]:
+    """Every cost above its limit (`LIMITS`), the largest share of the step first: {"name", "share",
+    "why"} (share: of the slowest rank's step)."""
+    ranks = a["ranks"]
+    step = max(r["step_s"] for r in ranks)
+    out = []
+    slow = min(ranks, key=lambda r: r["score"])
+    if len(ranks) > 1 and slow["score"] < LIMITS["straggler_score"]:
+        others = [r["wait_s"] for r in ranks if r is not slow]
+        wait = max(others) if others and any(others) else max(r["exposed_s"] for r in ranks) - slow["exposed_s"]
+        out.append({"name": "one slow rank", "share": max(wait, 0.0) / step, "rank": slow["rank"],
+                    "why": f"rank {slow['rank']} scores {slow['score']:.2f} (its compute {1 / slow['score']:.2f}x the "
+                           f"fastest rank's); the others wait up to {wait * 1e3:.1f} ms per step for it"})
+    bubble = max(r["bubble_s"] for r in ranks)
+    if bubble / step > LIMITS["bubble"]:
+        m = (a.get("config") or {}).get("grad_accum")
+        out.append({"name": "pipeline bubble", "share": bubble / step,
+                    "why": f"stages idle {bubble / step:.0%} of the step waiting for their neighbours"
+                           + (f" (m = {m} micro-batches)" if m else "")})
+    exposed = max(r["exposed_s"] for r in ranks)
+    if exposed / step > LIMITS["exposed"]:
+        out.append({"name": "exposed communication", "share": exposed / step,
+                    "why": f"{exposed / step:.0%} of the step is communication that compute does not hide"})
+    opt = max(r["optimizer_s"] for r in ranks)
+    if opt / step > LIMITS["optimizer"]:
+        out.append({"name": "optimizer and offload I/O", "share": opt / step,
+                    "why": f"the optimizer step takes {opt / step:.0%} of the step"})
+    order = {"one slow rank": 0}         # a straggler's wait is inside the exposed communication it causes
+    return sorted(out, key=lambda b: (order.get(b["name"], 1), -b["share"]))
