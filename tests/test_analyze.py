@@ -114,6 +114,8 @@ def test_bad_input_is_one_line(capsys, tmp_path):
     _bad(capsys, tmp_path / "kineto.json", "not one ringzero wrote")
     (tmp_path / "old.json").write_text(json.dumps({"traceEvents": [], "ringzero": {"schema": 0}}))
     _bad(capsys, tmp_path / "old.json", "schema 0", "reads schema 1")
+    (tmp_path / "empty.json").write_text(json.dumps({"traceEvents": [], "ringzero": {"schema": 1, "world": 1}}))
+    _bad(capsys, tmp_path / "empty.json", "cannot read it as a ringzero trace", "no step")
     (tmp_path / "report.json").write_text(json.dumps({"schema": "ringzero.train-report/1", "twins": {}}))
     _bad(capsys, tmp_path / "report.json", "ringzero.train-report/1", "reads ringzero.train-report/2")
 

@@ -81,7 +81,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"analyze --try-best: {args.path} is not a report with its command line (give one that "
                          "ringzero train --json-report wrote)")
     from ringzero.trace import analysis
-    result = analysis.of_trace(doc) if kind == "trace" else analysis.of_report(doc)
+    try:
+        result = analysis.of_trace(doc) if kind == "trace" else analysis.of_report(doc)
+    except (ValueError, KeyError, TypeError) as exc:      # the right schema, but not what ringzero writes in it
+        raise UsageError(f"analyze: {args.path}: cannot read it as a ringzero {kind}: {exc}") from None
     if kind == "report" and all("buckets" in r for r in doc["ranks"]):
         from ringzero.twin import suggest
         result["suggestions"] = suggest.ranked(doc)

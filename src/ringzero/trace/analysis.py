@@ -88,6 +88,8 @@ def of_trace(doc: dict) -> dict:
         if e["ph"] != "M":
             by_rank.setdefault(e["pid"], []).append(e)
     ranks = [{"rank": r, **_rank_of_trace(evs)} for r, evs in sorted(by_rank.items())]
+    if not ranks:
+        raise ValueError("the trace holds no step (was it written by ringzero train --trace?)")
     return _scored({"source": "trace", "world": doc["ringzero"]["world"], "ranks": ranks,
                     "pipeline": None, "config": None})
 
