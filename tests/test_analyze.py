@@ -71,6 +71,7 @@ def test_a_pipeline_of_one_micro_batch_is_named_a_bubble(pool, tmp_path_factory,
     _, merged, data = _run(pool, tmp_path_factory, "pipeline")
     a = analysis.of_trace(merged) if source == "trace" else analysis.of_report(data)
     assert "pipeline bubble" in _names(a), a
+    assert "(m = 1 micro-batches per step)" in next(b["why"] for b in a["bottlenecks"] if b["name"] == "pipeline bubble")
 
 
 @pytest.mark.timeout(240)

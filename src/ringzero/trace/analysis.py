@@ -91,7 +91,7 @@ def of_trace(doc: dict) -> dict:
     if not ranks:
         raise ValueError("the trace holds no step (was it written by ringzero train --trace?)")
     return _scored({"source": "trace", "world": doc["ringzero"]["world"], "ranks": ranks,
-                    "pipeline": None, "config": None})
+                    "pipeline": None, "config": doc["ringzero"].get("config")})
 
 
 def of_report(report: dict) -> dict:
@@ -136,7 +136,7 @@ def bottlenecks(a: dict) -> list[dict]:
         m = (a.get("config") or {}).get("grad_accum")
         out.append({"name": "pipeline bubble", "share": bubble / step,
                     "why": f"stages idle {bubble / step:.0%} of the step waiting for their neighbours"
-                           + (f" (m = {m} micro-batches)" if m else "")})
+                           + (f" (m = {m} micro-batches per step)" if m else "")})
     exposed = max(r["exposed_s"] for r in ranks)
     if exposed / step > LIMITS["exposed"]:
         out.append({"name": "exposed communication", "share": exposed / step,

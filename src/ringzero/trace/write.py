@@ -41,7 +41,8 @@ def write_traces(folder: str, datas: list[dict]) -> list[str]:
         by_rank[d["rank"]] = rank_events(d, merge.shift_of(d), mine)
         merged += by_rank[d["rank"]]
     merged += merge.flows(by_rank)
-    meta = {"kind": "merged", "schema": SCHEMA, "world": datas[0]["world"], "clock": merge.alignment(datas),
+    meta = {"kind": "merged", "schema": SCHEMA, "world": datas[0]["world"], "config": datas[0].get("config"),
+            "clock": merge.alignment(datas),
             "ranks": [_summary(d) for d in datas]}
     path = os.path.join(folder, "merged.json")
     outputs.write_text(path, json.dumps(document(merged, distributed_info(datas[0]), meta)))

@@ -79,7 +79,7 @@ class Tracer:
             "spans": [dataclasses.asdict(s) for s in log.spans],
             "calls": [_call(c) for c in log.calls], "p2p": [_call(c) for c in log.p2p],
             "meter": self._meter.summary(), "blocked": log.blocked,
-            "trace_dir": self.cfg.trace.trace, "profile_dir": self.cfg.trace.profile,
+            "trace_dir": self.cfg.trace.trace, "profile_dir": self.cfg.trace.profile, "config": self.cfg.as_dict(),
         }
 
     def _anchor(self) -> dict:
