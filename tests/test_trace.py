@@ -172,3 +172,29 @@ def test_bad_trace_input_is_one_line_before_any_rank(capsys, tmp_path, monkeypat
     (tmp_path / "FILE").write_text("x")
     argv = [str(tmp_path / a) if a in ("T", "FILE", "missing/deeper") else a for a in argv]
     train_fails(capsys, tmp_path, ["--model", "nano", *argv], *words)
+
+
+def _traced_ps(group, cfg):
+    r = train_rank(cfg, group=group)
+    return {"role": r.role, "trace": r.trace}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_parameter_servers_workers_are_traced_and_their_bytes_are_the_meters(pool, tmp_path, mode):
+    cfg = TrainConfig(**BASE, strategy="ps", servers=1, ps_mode=mode, trace=str(tmp_path), trace_steps="1:4")
+    results = pool.run(_traced_ps, cfg, world=3)
+    assert [r["trace"] is not None for r in results] == [r["role"] == "worker" for r in results] == [True, True, False]
+    write_traces(str(tmp_path), [r["trace"] for r in results if r["trace"]])
+    for name in ("rank0", "rank1", "merged"):
+        assert problems(_load(tmp_path, name)) == [], name
+    for rank in (0, 1):
+        doc = _load(tmp_path, f"rank{rank}")
+        events = doc["traceEvents"]
+        begins = [e for e in events if e.get("cat") == "p2p" and e["ph"] == "b"]
+        assert {e["args"]["kind"] for e in begins} == {"ps"}
+        meter = sum((Volume(**op) for op in doc["ringzero"]["meter"]["ops"].values()), Volume())
+        assert sum(e["args"].get("bytes_sent", 0) for e in begins) == meter.bytes_sent > 0
+        assert sum(e["args"].get("bytes_recv", 0) for e in begins) == meter.bytes_recv > 0
+        assert sum(e["name"] == "push/pull" for e in events) == 3
+    assert _load(tmp_path, "merged")["ringzero"]["clock"]["alignment_error_us"] < 1e5

@@ -18,15 +18,21 @@ import torch
 import torch.distributed as dist
 
 ROUNDS = 8
+TAG = 47
+"""The messages' tag when the ranks are `members` of a larger group (a parameter server's workers,
+beside the servers' own tags)."""
 
 
-def offsets(group=None) -> list[dict]:
-    """For every rank of `group` (in group order; a collective call, every member calls it):
-    {"offset_s": its clock minus the first rank's, "error_s": the bound, half the shortest round
-    trip}. The first rank's is 0, 0. Without a process group: one rank, itself."""
+def offsets(group=None, members: list[int] | None = None) -> list[dict]:
+    """For every rank of `group` (in group order; a collective call, every member calls it), or of
+    its `members` only (group ranks; they alone call it): {"offset_s": its clock minus the first
+    rank's, "error_s": the bound, half the shortest round trip}. The first rank's is 0, 0. Without a
+    process group: one rank, itself."""
     if not dist.is_initialized():
         return [{"offset_s": 0.0, "error_s": 0.0}]
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    ranks = [ranks[m] for m in members] if members is not None else ranks
+    tag = TAG if members is not None else 0
     me = dist.get_rank()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     buf = torch.zeros(2, dtype=torch.float64, device=device)
@@ -36,8 +42,8 @@ def offsets(group=None) -> list[dict]:
             best = None
             for _ in range(ROUNDS):
                 t0 = time.time()
-                dist.send(buf, peer, group=group)
-                dist.recv(buf, peer, group=group)
+                dist.send(buf, peer, group=group, tag=tag)
+                dist.recv(buf, peer, group=group, tag=tag)
                 t1 = time.time()
                 tr = float(buf[0])
                 if best is None or t1 - t0 < best[1] - best[0]:
@@ -46,9 +52,15 @@ def offsets(group=None) -> list[dict]:
             out[i] = {"offset_s": tr - (t0 + t1) / 2, "error_s": (t1 - t0) / 2}
         elif me == peer:
             for _ in range(ROUNDS):
-                dist.recv(buf, ranks[0], group=group)
+                dist.recv(buf, ranks[0], group=group, tag=tag)
                 buf[0] = time.time()
-                dist.send(buf, ranks[0], group=group)
+                dist.send(buf, ranks[0], group=group, tag=tag)
     flat = torch.tensor([v for o in out for v in (o["offset_s"], o["error_s"])], dtype=torch.float64, device=device)
-    dist.broadcast(flat, ranks[0], group=group)
+    if members is None:
+        dist.broadcast(flat, ranks[0], group=group)
+    elif me == ranks[0]:
+        for peer in ranks[1:]:
+            dist.send(flat, peer, group=group, tag=tag)
+    else:
+        dist.recv(flat, ranks[0], group=group, tag=tag)
     return [{"offset_s": float(flat[2 * i]), "error_s": float(flat[2 * i + 1])} for i in range(len(ranks))]

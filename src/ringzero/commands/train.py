@@ -188,9 +188,6 @@ def _check_trace(cfg: TrainConfig, inputs: dict) -> None:
     """--trace and --profile: folders that exist or can be made, and steps this run takes."""
     from ringzero import outputs
     from ringzero.run import trace_options
-    if cfg.kind is RunKind.PARAMETER_SERVER and (cfg.trace.trace or cfg.trace.profile):
-        raise ValueError("--trace and --profile record a grid of dp x tp x pp ranks; a parameter server's "
-                         "run is not traced yet (drop --servers or the trace)")
     trace_options.check(cfg, train_args.first_step(cfg))
     for flag, folder in (("--trace", cfg.trace.trace), ("--profile", cfg.trace.profile)):
         if folder is not None:
@@ -268,6 +265,10 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
     from ringzero.twin import report
     from ringzero.twin import wait as report_wait
     console = Console()
+    if cfg.trace.trace:            # the workers' traces (a parameter server's servers serve untraced)
+        from ringzero.trace.write import write_traces
+        write_traces(cfg.trace.trace, [r.trace for r in results if r.trace])
+        console.print(f"wrote {cfg.trace.trace}/rank<R>.json and merged.json")
     if cfg.kind is RunKind.PARAMETER_SERVER:
         from ringzero.twin import ps as report_ps
         return report_ps.report(cfg, world, results, path, console)
@@ -285,10 +286,6 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
         data["argv"] = argv
         outputs.write_text(path, json.dumps(data, indent=1))
         console.print(f"wrote {path}")
-    if cfg.trace.trace:
-        from ringzero.trace.write import write_traces
-        write_traces(cfg.trace.trace, [r.trace for r in results if r.trace])
-        console.print(f"wrote {cfg.trace.trace}/rank<R>.json and merged.json")
     if plot:
         from ringzero.twin.pipeline_plot import plot as draw
         pipe = data["pipeline"]

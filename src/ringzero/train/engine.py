@@ -34,7 +34,7 @@ from ringzero.train.replica import Replica, adam_config, micro_batches, train_da
 from ringzero.train.step_schedule import GradAccumulation
 from ringzero.train.steps import StepSpan, forward_backward, summarise, validate
 from ringzero.train.straggler import straggle
-from ringzero.train.tracing import Tracer
+from ringzero.train.tracing import Seat, Tracer
 from ringzero.twin.rates import median_rates
 from ringzero.comm.kinds import tagged
 
@@ -157,7 +157,7 @@ class Trainer:
         points = {span.start + p for p in probe_steps(c.training.steps - span.start)} if calibrate else set()
         prober, start = Prober(c, self.strategy, self.tp_grads.partial_elements) if points else None, time.perf_counter()
         rates = offload_probe.measure(self.opt) if c.zero.offload_optimizer != "none" else None
-        tracer = Tracer(c, self.topo, span.start)
+        tracer = Tracer(c, Seat.of_grid(self.topo), span.start)
         for step in range(span.start, c.training.steps):
             tracer.begin(step)
             if step in points:

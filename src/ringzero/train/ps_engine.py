@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm
+from ringzero.comm import timeline
 from ringzero.comm.point_to_point import post
 from ringzero.parallel.ps.client import PSClient
 from ringzero.parallel.ps.server import CONTROL, PULLED, PUSHED, ParameterServer
@@ -33,6 +34,7 @@ from ringzero.train.replica import Replica, adam_config, micro_batches, train_da
 from ringzero.train.step_schedule import GradAccumulation
 from ringzero.train.steps import StepSpan, forward_backward, summarise, validate
 from ringzero.train.straggler import straggle
+from ringzero.train.tracing import Seat, Tracer
 
 
 class PSWorker:
@@ -42,6 +44,7 @@ class PSWorker:
     def __init__(self, cfg: TrainConfig, index: int, workers: int, servers: list[int], group,
                  over_workers: "Members") -> None:
         self.cfg, self.index, self.count, self.over_workers = cfg, index, workers, over_workers
+        self.group = group
         self.replica = Replica(cfg, Topology.alone())
         self.schedule = GradAccumulation()
         self.data = train_data(cfg)
@@ -50,6 +53,13 @@ class PSWorker:
         if cfg.checkpoint.resume:
             self.span.set_start(ps_checkpoint.resume_worker(self.replica, index, workers, cfg.checkpoint.resume, group))
         self.ps_saver = ps_checkpoint.PSSaver(cfg, index, workers, len(servers), group) if cfg.checkpoint.save_dir else None
+
+    def seat(self) -> Seat:
+        """The workers are traced (their clocks anchored among themselves: the servers serve meanwhile)."""
+        ranks = dist.get_process_group_ranks(self.group) if self.group is not None else list(range(dist.get_world_size()))
+        name = getattr(self.group if self.group is not None else dist.group.WORLD, "group_name", "")
+        return Seat(self.index, self.count, self.group, ({"name": "ps", "pg_name": str(name), "ranks": list(ranks)},),
+                    list(range(self.count)))
 
     def _mean_over_workers(self, values: list[float]) -> list[float]:
         """The workers' mean of each of `values`, once, after the last step: averaging every step would
@@ -80,7 +90,8 @@ class PSWorker:
         grads = st.reduced_grads()
         if c.faults.inject_nonfinite == (self.index, step):
             grads[0].view(-1)[0] = float("inf")      # on purpose (`train.nonfinite`)
-        blocked, held = self.client.push_pull(grads, step)
+        with timeline.span("push/pull", "ps", step=step):
+            blocked, held = self.client.push_pull(grads, step)
         st.zero_grad()
         return ({"compute": compute + slept, "straggler": slept, "wait": held, "comm": blocked - held},
                 sum(losses) / len(losses))
@@ -90,16 +101,22 @@ class PSWorker:
         res = RankResult(rank=self.index, role="worker")
         phases, totals, start = [], [], time.perf_counter()
         own_val = res.val
+        tracer = Tracer(c, self.seat(), span.start)
         for step in range(span.start, c.training.steps):
             kill_if(c, self.index, step)
+            tracer.begin(step)
+            t0 = time.time()
             ph, loss = span.timed(self.step, step, res, totals)
+            t1 = time.time()
             if self.ps_saver is not None and due(c, step + 1):
                 self.ps_saver.save_behind(step + 1)       # its RNG; the servers hold the state
             phases.append(ph)
             res.losses.append(loss)
             validate(c, step, res, self.evaluate, start)
+            tracer.end(step, ph, t0, t1)
             if progress is not None:
                 progress(step, res)
+        res.trace = tracer.data
         self.client.stop()
         if self.ps_saver is not None:
             self.ps_saver.wait()

@@ -30,12 +30,28 @@ SCHEMA = 1
 """The version of the plain data a tracer hands over (and of the trace files written from it)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Seat:
+    """Where a traced rank sits: its rank and the traced ranks' count, the group their clocks are
+    anchored over (`members` of it only: a parameter server's workers, whose group holds the
+    servers too) and the process groups its trace lists."""
+    rank: int
+    world: int
+    group: object = None
+    groups: tuple = ()
+    members: list[int] | None = None
+
+    @classmethod
+    def of_grid(cls, topo: Topology) -> "Seat":
+        return cls(topo.rank, topo.world, topo.grid_group if topo.world > 1 else None, tuple(_groups(topo)))
+
+
 class Tracer:
     """Call `begin(step)` before each step and `end(step, phases, start, stop)` once everything after
     it (validation, saves) is done; `data` is what was traced, once the last traced step ended."""
 
-    def __init__(self, cfg: TrainConfig, topology: Topology, first: int) -> None:
-        self.cfg, self.topo = cfg, topology
+    def __init__(self, cfg: TrainConfig, seat: Seat, first: int) -> None:
+        self.cfg, self.seat = cfg, seat
         self.steps = trace_options.steps(cfg, first)
         self.data: dict | None = None
         self._log: timeline.Timeline | None = None
@@ -72,10 +88,10 @@ class Tracer:
         self._anchors["end"] = self._anchor()
         log = self._log
         self.data = {
-            "schema": SCHEMA, "rank": self.topo.rank, "world": self.topo.world,
+            "schema": SCHEMA, "rank": self.seat.rank, "world": self.seat.world,
             "global_rank": dist.get_rank() if dist.is_initialized() else 0,
-            "backend": dist.get_backend(self.topo.grid_group) if dist.is_initialized() else "none",
-            "groups": self._groups(), "steps": self._records, "clock": self._anchors,
+            "backend": dist.get_backend(self.seat.group) if dist.is_initialized() else "none",
+            "groups": list(self.seat.groups), "steps": self._records, "clock": self._anchors,
             "spans": [dataclasses.asdict(s) for s in log.spans],
             "calls": [_call(c) for c in log.calls], "p2p": [_call(c) for c in log.p2p],
             "meter": self._meter.summary(), "blocked": log.blocked,
@@ -83,21 +99,10 @@ class Tracer:
         }
 
     def _anchor(self) -> dict:
-        """{"at": this rank's clock, "offsets": every grid rank's (`comm.clock.offsets`)}."""
-        group = self.topo.grid_group if self.topo.world > 1 else None
-        offsets = clock.offsets(group) if self.topo.world > 1 else [{"offset_s": 0.0, "error_s": 0.0}]
+        """{"at": this rank's clock, "offsets": every traced rank's (`comm.clock.offsets`)}."""
+        seat = self.seat
+        offsets = clock.offsets(seat.group, seat.members) if seat.world > 1 else [{"offset_s": 0.0, "error_s": 0.0}]
         return {"at": time.time(), "offsets": offsets}
-
-    def _groups(self) -> list[dict]:
-        """Every process group of the grid: {"name" (its dimensions), "pg_name", "ranks" (global)}."""
-        if not dist.is_initialized():
-            return []
-        out = []
-        for dims, pg in sorted(self.topo.groups.items()):
-            ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(dist.get_world_size()))
-            name = getattr(pg if pg is not None else dist.group.WORLD, "group_name", "")
-            out.append({"name": "x".join(dims), "pg_name": str(name), "ranks": list(ranks)})
-        return out
 
     def _start_profiler(self) -> None:
         from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
@@ -105,9 +110,21 @@ class Tracer:
         os.makedirs(self.cfg.trace.profile, exist_ok=True)
         self._profiler = profile(activities=activities, record_shapes=False,
                                  on_trace_ready=tensorboard_trace_handler(self.cfg.trace.profile,
-                                                                          worker_name=f"rank{self.topo.rank}"))
+                                                                          worker_name=f"rank{self.seat.rank}"))
         self._profiler.start()
         timeline.AROUND.append(torch.profiler.record_function)
+
+
+def _groups(topo: Topology) -> list[dict]:
+    """Every process group of the grid: {"name" (its dimensions), "pg_name", "ranks" (global)}."""
+    if not dist.is_initialized():
+        return []
+    out = []
+    for dims, pg in sorted(topo.groups.items()):
+        ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(dist.get_world_size()))
+        name = getattr(pg if pg is not None else dist.group.WORLD, "group_name", "")
+        out.append({"name": "x".join(dims), "pg_name": str(name), "ranks": list(ranks)})
+    return out
 
 
 def _call(c: timeline.CallRecord) -> dict:
