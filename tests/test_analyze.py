@@ -170,3 +170,21 @@ def test_rerun_keeps_the_command_line_but_its_outputs():
     argv = ["train", "--nproc", "2", "--trace", "T", "--json-report=R", "--grad-accum", "1", "--steps", "4"]
     assert analyze_try.rerun_argv(argv, ["--grad-accum", "4"], "NEW") == [
         "train", "--nproc", "2", "--grad-accum", "1", "--steps", "4", "--grad-accum", "4", "--json-report", "NEW", "--quiet"]
+
+
+@pytest.mark.timeout(240)
+def test_memory_headroom_is_measured_and_named_when_short(pool, tmp_path_factory):
+    _, _, data = _run(pool, tmp_path_factory, "plain")
+    for r in data["ranks"]:
+        m = r["memory"]
+        held = sum(r["held"].values())
+        assert held < m["peak_bytes"] < m["capacity_bytes"], m       # the process holds at least its states
+    (host,) = analysis.of_report(data)["memory"]                     # both ranks on this host
+    assert host["peak_bytes"] == sum(r["memory"]["peak_bytes"] for r in data["ranks"])
+    assert "memory headroom" not in _names(analysis.of_report(data))
+    short = json.loads(json.dumps(data))
+    for r in short["ranks"]:
+        r["memory"]["capacity_bytes"] = int(sum(x["memory"]["peak_bytes"] for x in data["ranks"]) / 0.95)
+    named = analysis.of_report(short)
+    assert "memory headroom" in _names(named)
+    assert "5% of its memory left" in next(b["why"] for b in named["bottlenecks"] if b["name"] == "memory headroom")

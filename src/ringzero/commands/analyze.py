@@ -128,6 +128,9 @@ def render(a: dict) -> None:
     console.print(stragglers)
     console.print("by communication kind; score = the fastest rank's compute (forward, backward) / this rank's "
                   "(nvidia-resiliency-ext's relative score: 0.5 = twice as slow)")
+    for m in a.get("memory") or []:
+        console.print(f"memory: {m['where']}: peak {m['peak_bytes'] / 2**30:.2f} of {m['capacity_bytes'] / 2**30:.2f} GiB "
+                      f"({m['headroom']:.0%} left)")
     if a["source"] == "report":
         console.print("overlap: needs a trace (ringzero train --trace DIR); a report holds no timeline")
     if not a["bottlenecks"]:

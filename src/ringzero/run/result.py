@@ -74,3 +74,5 @@ class RankResult:
     Chrome trace-event files), or None when the run traced nothing."""
     kinds: dict[str, dict] = field(default_factory=dict)
     """The measured step's traffic by what it was for (`comm.kinds`): kind -> `Volume` fields."""
+    memory: dict = field(default_factory=dict)
+    """The rank's peak memory and its device's capacity (`train.memory_use.peak`), at the run's end."""

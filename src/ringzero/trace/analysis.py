@@ -30,10 +30,11 @@ COMPUTE = ("forward", "backward", "optimizer", "straggler")
 SCORED = ("forward", "backward", "straggler")
 """The compute a straggler score compares."""
 
-LIMITS = {"straggler_score": 0.8, "bubble": 0.2, "exposed": 0.3, "optimizer": 0.3}
+LIMITS = {"straggler_score": 0.8, "bubble": 0.2, "exposed": 0.3, "optimizer": 0.3, "headroom": 0.1}
 """When a cost is named a bottleneck: a rank scoring below 0.8 (1.25x the fastest rank's
 compute), a pipeline bubble above 20 % of the step, exposed communication above 30 %, the
-optimizer (with its offload I/O) above 30 %."""
+optimizer (with its offload I/O) above 30 %, memory headroom below 10 % (a report only: the peak
+memory of each rank against its device's, on the CPU the host's RAM its ranks share)."""
 
 
 def _rank_of_trace(events: list[dict]) -> dict:
@@ -108,7 +109,23 @@ def of_report(report: dict) -> dict:
                       "exposed_s": exposed, "waits_s": r.get("waits_by_kind", {}),
                       "wait_s": r.get("waiting_s", sum(r.get("waits_by_kind", {}).values())), "steps": None})
     return _scored({"source": "report", "world": report["world"], "ranks": ranks,
-                    "pipeline": report.get("pipeline"), "config": report.get("config")})
+                    "pipeline": report.get("pipeline"), "config": report.get("config"),
+                    "memory": headroom([r.get("memory") or {} for r in report["ranks"]])})
+
+
+def headroom(memory: list[dict]) -> list[dict]:
+    """Per device (a GPU; on the CPU a host, whose ranks share its RAM): {"where", "peak_bytes",
+    "capacity_bytes", "headroom"}, the capacity its ranks' peaks leave free, as a share."""
+    out: dict[str, dict] = {}
+    for i, m in enumerate(memory):
+        if not m:
+            continue
+        where = f"host {m['host']}" if m["device"] == "cpu" else f"rank {i}'s GPU on {m['host']}"
+        d = out.setdefault(where, {"where": where, "peak_bytes": 0, "capacity_bytes": m["capacity_bytes"]})
+        d["peak_bytes"] += m["peak_bytes"]
+    for d in out.values():
+        d["headroom"] = 1 - d["peak_bytes"] / d["capacity_bytes"] if d["capacity_bytes"] else 0.0
+    return list(out.values())
 
 
 def _scored(a: dict) -> dict:
@@ -145,5 +162,10 @@ def bottlenecks(a: dict) -> list[dict]:
     if opt / step > LIMITS["optimizer"]:
         out.append({"name": "optimizer and offload I/O", "share": opt / step,
                     "why": f"the optimizer step takes {opt / step:.0%} of the step"})
+    for m in a.get("memory") or []:
+        if m["headroom"] < LIMITS["headroom"]:
+            out.append({"name": "memory headroom", "share": 1 - m["headroom"],
+                        "why": f"{m['where']} has {m['headroom']:.0%} of its memory left at the peak "
+                               f"({m['peak_bytes'] / 2**30:.2f} of {m['capacity_bytes'] / 2**30:.2f} GiB)"})
     order = {"one slow rank": 0}         # a straggler's wait is inside the exposed communication it causes
     return sorted(out, key=lambda b: (order.get(b["name"], 1), -b["share"]))

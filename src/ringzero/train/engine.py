@@ -34,6 +34,7 @@ from ringzero.train.replica import Replica, adam_config, micro_batches, train_da
 from ringzero.train.step_schedule import GradAccumulation
 from ringzero.train.steps import StepSpan, forward_backward, summarise, validate
 from ringzero.train.straggler import straggle
+from ringzero.train import memory_use
 from ringzero.train.tracing import Seat, Tracer
 from ringzero.twin.rates import median_rates
 from ringzero.comm.kinds import tagged
@@ -193,6 +194,7 @@ class Trainer:
     def finish(self, res: RankResult, keep_params: bool) -> RankResult:
         """The full parameters when asked for, then release everything the run held."""
         res.nonfinite = list(self.nonfinite.steps)
+        res.memory = memory_use.peak(next(self.model.parameters()).device)
         if self.saver is not None:              # the last save is complete before the run ends
             self.saver.wait()
             res.checkpoint = self.saver.summary()

@@ -232,7 +232,7 @@ def _rank_json(r: RankResult) -> dict:
     return {"rank": r.rank, "step_time": r.step_time, "phases": r.phases, "held": r.held,
             "activations": r.activations, "bytes_sent": sum(op["bytes_sent"] for op in ops),
             "bytes_recv": sum(op["bytes_recv"] for op in ops), "skipped_steps": r.skipped,
-            "bytes_by_kind": r.kinds, "buckets": r.buckets, "sp_elements": r.sp_elements}
+            "bytes_by_kind": r.kinds, "buckets": r.buckets, "sp_elements": r.sp_elements, "memory": r.memory}
 
 
 def caption(probes: dict | None = None) -> str:
