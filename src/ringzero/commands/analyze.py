@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="DIR|FILE.json",
                    help="a trace folder or file (ringzero train --trace), a report (--json-report) or a flight dump")
     p.add_argument("--json", action="store_true", help="print the analysis as JSON")
+    p.add_argument("--html-report", metavar="FILE.html",
+                   help="write a report's run as one self-contained page (as ringzero train --html-report does)")
     p.add_argument("--try-best", action="store_true",
                    help="rerun a report's run with the top suggestion (same seed and steps) and print the measured gain")
 
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"analyze: {exc}") from None
         print(json.dumps({"verdict": line}) if args.json else line)
         return 0
+    if args.html_report:
+        _check_page(args.html_report, kind, args.path)
     if args.try_best and (kind != "report" or not doc.get("argv")):
         raise UsageError(f"analyze --try-best: {args.path} is not a report with its command line (give one that "
                          "ringzero train --json-report wrote)")
@@ -88,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
     if kind == "report" and all("buckets" in r for r in doc["ranks"]):
         from ringzero.twin import suggest
         result["suggestions"] = suggest.ranked(doc)
+    if args.html_report:
+        from ringzero.page import html
+        html.write(args.html_report, doc, html.merged_trace((doc.get("config") or {}).get("trace")))
     if args.json and not args.try_best:
         print(json.dumps(result, indent=1))
         return 0
@@ -98,6 +105,16 @@ def run(args: argparse.Namespace) -> int:
         measured = try_best(doc, result["suggestions"])
         print(json.dumps({**result, "try_best": measured}, indent=1) if args.json else measured["line"])
     return 0
+
+
+def _check_page(path: str, kind: str, source: str) -> None:
+    from ringzero import outputs
+    if kind != "report":
+        raise UsageError(f"analyze --html-report: {source} is a {kind}; the page is drawn from a report "
+                         "(ringzero train --json-report)")
+    outputs.check(path, "--html-report")
+    if not path.endswith((".html", ".htm")):
+        raise UsageError(f"analyze --html-report {path!r}: give a FILE.html")
 
 
 def _ms(v) -> str:

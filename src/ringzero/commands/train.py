@@ -28,7 +28,7 @@ from ringzero.run.config import STRATEGIES, TrainConfig, choices, flat_fields
 from ringzero.run.deepspeed.reader import from_deepspeed
 from ringzero.run.kind import RunKind
 from ringzero.watchdog import WatchdogPolicy
-from ringzero.commands import train_args, train_log, train_restarts
+from ringzero.commands import train_args, train_log, train_outputs, train_restarts
 from ringzero.commands.train_layout import auto_layout, layout_why
 
 FIELDS = {name: f for name, (_, f) in flat_fields().items()}
@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="DeepSpeed-style JSON config (flags given explicitly win)")
     p.add_argument("--json-report", metavar="FILE.json",
                    help="write the run and its predicted/measured twins here")
+    p.add_argument("--html-report", metavar="FILE.html",
+                   help="write one self-contained page of the run: twins, curves, memory, bytes by kind, waits, timeline")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before every rank is stopped")
     policy = WatchdogPolicy()
     p.add_argument("--stall-timeout", type=float, default=policy.floor_s, metavar="S",
@@ -133,7 +135,6 @@ class Job:
 
 def check(args: argparse.Namespace, torchrun: bool) -> Job:
     """Every check that can fail before a rank starts."""
-    from ringzero import outputs
     from ringzero.comm import config as comm_config
     from ringzero.train import data
     from ringzero.checkpoint.preflight import preflight
@@ -164,15 +165,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
                          f"{', '.join(s for s in STRATEGIES if s != 'single')}")
     inputs = {"--data": cfg.training.data, "--config": args.config, "--init-from": cfg.checkpoint.init_from, "--resume": cfg.checkpoint.resume,
               "--nvme-path": cfg.zero.nvme_path, "--save-dir": cfg.checkpoint.save_dir}
-    if args.json_report:
-        outputs.check(args.json_report, "--json-report")
-        outputs.not_an_input(args.json_report, "--json-report", inputs)
-    _check_trace(cfg, inputs)
-    if getattr(args, "pipeline_plot", None):
-        if cfg.parallel.pp == 1:
-            raise ValueError("--pipeline-plot draws a pipeline's schedule: it needs --pp > 1")
-        outputs.plot_format(args.pipeline_plot, "--pipeline-plot")
-        outputs.not_an_input(args.pipeline_plot, "--pipeline-plot", {**inputs, "--json-report": args.json_report})
+    train_outputs.check(args, cfg, inputs)
     if not torchrun and cfg.kind is not RunKind.PARAMETER_SERVER:
         footprint.check(cfg, world, force=args.force)
         _offload_resources(cfg, world, args.quiet)
@@ -182,17 +175,6 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
             print(line, file=sys.stderr, flush=True)
     return Job(cfg, world, watch)
 
-
-
-def _check_trace(cfg: TrainConfig, inputs: dict) -> None:
-    """--trace and --profile: folders that exist or can be made, and steps this run takes."""
-    from ringzero import outputs
-    from ringzero.run import trace_options
-    trace_options.check(cfg, train_args.first_step(cfg))
-    for flag, folder in (("--trace", cfg.trace.trace), ("--profile", cfg.trace.profile)):
-        if folder is not None:
-            outputs.folder(folder, flag)
-            outputs.not_an_input(os.path.join(folder, "rank0.json"), flag, inputs)
 
 
 def _offload_resources(cfg: TrainConfig, world: int, quiet: bool) -> None:
@@ -253,18 +235,17 @@ def run(args: argparse.Namespace) -> int:
         if int(os.environ["RANK"]):
             return 0
         results = results if isinstance(results, list) else [results]
-    _report(cfg, world, results, args.json_report, args.pipeline_plot, getattr(args, "argv", None))
+    _report(cfg, world, results, args)
     return 0
 
 
-def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot: str | None = None,
-            argv: list[str] | None = None) -> None:
+def _report(cfg: TrainConfig, world: int, results: list, args: argparse.Namespace) -> None:
     from rich.console import Console
 
     from ringzero import outputs
     from ringzero.twin import report
     from ringzero.twin import wait as report_wait
-    console = Console()
+    console, path = Console(), args.json_report
     if cfg.trace.trace:            # the workers' traces (a parameter server's servers serve untraced)
         from ringzero.trace.write import write_traces
         write_traces(cfg.trace.trace, [r.trace for r in results if r.trace])
@@ -280,18 +261,12 @@ def _report(cfg: TrainConfig, world: int, results: list, path: str | None, plot:
         console.print(f"not priced: {line}")
     ranks = report_wait.render(cfg, results, console)
     train_log.saves(results, console)
-    data = report.to_json(cfg, world, results, rows, probes) if path or plot else None
+    if not (path or args.pipeline_plot or args.html_report):
+        return
+    data = report.to_json(cfg, world, results, rows, probes)
+    report_wait.into_json(data["ranks"], ranks, results)
+    data["argv"] = getattr(args, "argv", None)
     if path:
-        report_wait.into_json(data["ranks"], ranks, results)
-        data["argv"] = argv
         outputs.write_text(path, json.dumps(data, indent=1))
         console.print(f"wrote {path}")
-    if plot:
-        from ringzero.twin.pipeline_plot import plot as draw
-        pipe = data["pipeline"]
-        v = f", v={cfg.parallel.virtual_stages}" if cfg.parallel.virtual_stages > 1 else ""
-        draw(pipe["timeline"], plot, title=f"{cfg.parallel.schedule}{v}: pp={cfg.parallel.pp}, m={cfg.training.grad_accum} (measured, last "
-                                             f"steady step)", bubble=pipe["idle_fraction"]["measured"],
-             predicted=pipe["idle_fraction"]["predicted"])
-        console.print(f"wrote {plot}")
-
+    train_outputs.figures(cfg, data, args, console)
