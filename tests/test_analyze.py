@@ -188,3 +188,14 @@ def test_memory_headroom_is_measured_and_named_when_short(pool, tmp_path_factory
     named = analysis.of_report(short)
     assert "memory headroom" in _names(named)
     assert "5% of its memory left" in next(b["why"] for b in named["bottlenecks"] if b["name"] == "memory headroom")
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("case", ["plain", "straggler"])
+def test_the_planners_bucket_layout_is_the_engines(pool, tmp_path_factory, case):
+    """What a larger-bucket suggestion is priced on: the layout the engine would make."""
+    _, _, data = _run(pool, tmp_path_factory, case)
+    cfg = TrainConfig.from_dict(data["config"])
+    # the sizes (the shapes are the planner's: q, k and v apart where the engine fuses them)
+    assert [(n, root) for n, root, _ in suggest.layout(cfg)] == [(b[0], b[1]) for b in data["ranks"][0]["buckets"]]
+    assert any(s["changes"] == {"bucket_mb": 4 * cfg.parallel.bucket_mb} for s in suggest.ranked(data, top=20))

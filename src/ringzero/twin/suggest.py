@@ -11,7 +11,9 @@ priced by the calibrated α-β-γ model plus the emulated link's time for its cr
 (`twin.links.emulated_link_seconds`), the run's included, never by the probe's timed calls: the
 probe timed only the run's own calls, and pricing the run by them and a variant by the model would
 rank the two sources rather than the two configurations. The changes keep the run's bucket layout: a change that
-would lay the buckets out anew (ZeRO-3, another bucket size) is not offered.
+would lay the buckets out anew is offered only where the planner lays them out as the engine does
+(`layout`: another bucket size under plain DP and ZeRO-1/2 without tensor or pipeline parallelism),
+not ZeRO-3's root bucket.
 
 `ringzero analyze REPORT.json --try-best` reruns the top one and prints the measured gain beside
 the predicted one.
@@ -19,6 +21,9 @@ the predicted one.
 
 from __future__ import annotations
 
+import math
+
+from ringzero.plan.strategies.compression_plan import pack, rank_shapes
 from ringzero.run.config import TrainConfig
 from ringzero.twin import predict
 from ringzero.twin.links import emulated_link_seconds
@@ -26,7 +31,7 @@ from ringzero.twin.step import step_seconds
 
 FLAGS = {"grad_accum": "--grad-accum", "strategy": "--strategy", "comm_algorithm": "--comm-algorithm",
          "compress": "--compress", "compress_start": "--compress-start", "recompute": "--recompute",
-         "schedule": "--schedule"}
+         "schedule": "--schedule", "bucket_mb": "--bucket-mb"}
 """The command-line flag of each field a suggestion changes."""
 
 
@@ -43,6 +48,9 @@ def candidates(cfg: TrainConfig, world: int) -> list[tuple[str, dict]]:
         for s in ("dp", "zero1", "zero2"):
             if s != p.strategy and p.strategy != "zero3":
                 out.append((f"ZeRO stage: {s}", {"strategy": s}))
+        if p.strategy != "zero3" and p.tp == 1 and p.pp == 1 and cfg.compress.compress == "none":
+            out.append((f"larger gradient buckets ({4 * p.bucket_mb:g} MiB): fewer, longer reductions",
+                        {"bucket_mb": 4 * p.bucket_mb}))
         algos = ["ring", "tree", "rabenseifner"] + (["hierarchical"] if p.ranks_per_node else [])
         for a in algos:
             if a != p.comm_algorithm:
@@ -56,6 +64,16 @@ def candidates(cfg: TrainConfig, world: int) -> list[tuple[str, dict]]:
     return out
 
 
+def layout(cfg: TrainConfig) -> list[tuple[int, bool, list[tuple[int, ...]]]]:
+    """The flat buckets of one rank without tensor or pipeline parallelism, as the engine lays them
+    out (`plan.strategies.compression_plan.pack`: reverse registration order, a new bucket past
+    `bucket_mb`): (elements, is ZeRO-3's root, the tensors' shapes as the planner has them: q, k
+    and v apart where the engine fuses them, so a layout for gradient compression, which needs the
+    engine's matrices, is not made here)."""
+    shapes = pack(rank_shapes(cfg.shape), cfg.value_bytes, cfg.parallel.bucket_mb)
+    return [(sum(math.prod(s) for s in b), False, list(b)) for b in shapes]
+
+
 def ranked(report: dict, top: int = 5) -> list[dict]:
     """The candidates that this run's configuration takes, best predicted gain first: {"why",
     "changes", "flags", "step_s", "tokens_per_s", "gain", "memory_bytes"}; "base" first of all, the
@@ -65,9 +83,9 @@ def ranked(report: dict, top: int = 5) -> list[dict]:
     busiest = max(report["ranks"], key=lambda r: r["step_time"])
     buckets = [tuple(b) if not isinstance(b[-1], list) else (b[0], b[1], [tuple(s) for s in b[2]])
                for b in busiest["buckets"]]
+    sp, rank = busiest.get("sp_elements"), busiest["rank"]
 
     def price(c: TrainConfig) -> dict:
-        sp, rank = busiest.get("sp_elements"), busiest["rank"]
         step = step_seconds(c, world, buckets, rates, sp, rank)["step"] + emulated_link_seconds(c, world, buckets, rank, sp)
         memory = sum(predict.states(c, world, busiest["rank"]).values()) + predict.activations(c)
         return {"step_s": step, "tokens_per_s": c.global_batch(world) * c.shape.seq / step, "memory_bytes": memory}
