@@ -89,7 +89,9 @@ def test_a_straggler_run_predicts_its_step_and_its_phases_add_up(pool, strategy)
     assert sum(t.measured for t in phases) == pytest.approx(step.measured)
     rest = by[report.REST].measured
     assert abs(rest) < 0.15 * step.measured, (rest, step.measured)      # the phases hold the step
-    assert abs(step.error) < 0.5, (step.predicted, step.measured)
+    # Without the straggler's term the step is predicted at a fifth (error +400 %); with it, a quiet
+    # machine measures +5 to +40 %, and the busy core of a full suite run has measured +56 %.
+    assert abs(step.error) < 1.0, (step.predicted, step.measured)
 
 
 # -- the table of ranks' communication -------------------------------------------------------------
