@@ -136,6 +136,8 @@ FORBIDDEN = {
     "parallel": {"run", "twin", "train", "checkpoint", "commands", "bench"},
     "trace": {"comm", "parallel", "run", "twin", "train", "checkpoint", "commands", "bench", "launch"},
     "page": {"comm", "parallel", "run", "twin", "train", "checkpoint", "commands", "bench", "launch"},
+    "simulate": {"comm", "parallel", "run", "twin", "train", "checkpoint", "commands", "bench", "launch",
+                 "trace", "page"},
 }
 """What each layer must not import, directly or through another module."""
 
@@ -152,7 +154,7 @@ def test_the_layers_point_down(layer):
     assert not bad, f"{len(bad)} arrows up from {layer}/:\n" + "\n".join(bad[:40])
 
 
-@pytest.mark.parametrize("layer", ["plan", "run", "twin", "trace", "page"])
+@pytest.mark.parametrize("layer", ["plan", "run", "twin", "trace", "page", "simulate"])
 def test_the_torch_free_layers_import_no_torch(layer):
     """Nor through another ringzero module (the checks before ranks start must stay fast)."""
     bad = []

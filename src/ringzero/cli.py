@@ -37,12 +37,19 @@ COMMANDS = {
     "explain": ("ringzero.comm.explain", "step-by-step walk-through of a collective algorithm"),
     "checkpoint": ("ringzero.commands.checkpoint", "inspect a checkpoint, or consolidate it into one file"),
     "analyze": ("ringzero.commands.analyze", "what a traced or reported run spent its steps on, and its bottleneck"),
+    "simulate": (None, "the same schedules played on a modelled cluster of thousands of GPUs"),
 }
 BENCHES = {
     "comm": ("ringzero.bench.comm", "every collective x algorithm x size on --nproc ranks"),
     "train": ("ringzero.bench.train", "ringzero's strategies against torch DDP and FSDP2"),
     "ps": ("ringzero.bench.ps", "all-reduce DP against a sync, async and SSP parameter server under a straggler"),
 }
+
+SIMULATIONS = {
+    "collective": ("ringzero.commands.simulate_collective", "one collective on a modelled cluster, as nccl-tests prints it"),
+}
+NESTED = {"bench": ("bench_command", "BENCH", BENCHES), "simulate": ("simulate_command", "SIMULATION", SIMULATIONS)}
+"""Commands made of sub-commands: (the attribute naming the one chosen, its metavar, the table)."""
 
 RANKED = ("train", "bench")
 """The commands that start ranks: only their interruption has ranks to stop."""
@@ -100,11 +107,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     for name, (module, help) in COMMANDS.items():
         p = add(sub, name, module, help, only == name)
-        if name == "bench":
-            bench_sub = p.add_subparsers(dest="bench_command", required=True, metavar="BENCH",
-                                         parser_class=Parser)
-            for bname, (bmodule, bhelp) in BENCHES.items():
-                add(bench_sub, bname, bmodule, bhelp, only == "bench")
+        if name in NESTED:
+            dest, metavar, table = NESTED[name]
+            nested = p.add_subparsers(dest=dest, required=True, metavar=metavar, parser_class=Parser)
+            for sname, (smodule, shelp) in table.items():
+                add(nested, sname, smodule, shelp, only == name)
     return parser
 
 

@@ -32,7 +32,7 @@ from ringzero.comm import cost, registry
 from ringzero.comm.ops import SUPPORTED_DTYPES
 from ringzero.plan.comm import links
 from ringzero.plan.comm.volume import bus_factor, call_for
-from ringzero.plan.units import parse_size
+from ringzero.plan.units import parse_sizes  # noqa: F401  (this module's API since its first release)
 from ringzero.run.config import TrainConfig
 from ringzero.bench import comm_memory
 from ringzero.bench.comm_ranks import Job, element_count, rank_main
@@ -41,16 +41,6 @@ DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))
 """1 KiB, 4 KiB, ..., 64 MiB."""
 
 _DTYPES = tuple(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
-
-
-def parse_sizes(text: str) -> tuple[int, ...]:
-    """'64KiB,2K,1GB' -> (65536, 2048, 10**9): the units of `plan.units`, each size at least 1 byte."""
-    texts = [t.strip() for t in text.split(",") if t.strip()] or _empty("--sizes")
-    sizes = tuple(parse_size(t, "--sizes") for t in texts)
-    for t, size in zip(texts, sizes):
-        if size < 1:
-            raise ValueError(f"bad size {t!r}: must be at least 1 byte")
-    return sizes
 
 
 def _empty(option: str):

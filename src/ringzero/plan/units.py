@@ -69,6 +69,18 @@ def parse_size(text: str, flag: str) -> int:
                          f"unit: {BYTE_UNITS}") from None
 
 
+def parse_sizes(text: str, flag: str = "--sizes") -> tuple[int, ...]:
+    """'64KiB,2K,1GB' -> (65536, 2048, 10**9): sizes of `parse_size`, each at least 1 byte."""
+    texts = [t.strip() for t in text.split(",") if t.strip()]
+    if not texts:
+        raise ValueError(f"{flag} needs at least one value")
+    sizes = tuple(parse_size(t, flag) for t in texts)
+    for t, size in zip(texts, sizes):
+        if size < 1:
+            raise ValueError(f"bad size {t!r}: must be at least 1 byte")
+    return sizes
+
+
 def cached_hash(obj) -> int:
     """A frozen dataclass's hash of its fields, computed once and kept on the instance: the
     planner's caches key on shapes and hardware thousands of times per search."""

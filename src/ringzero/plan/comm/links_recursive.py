@@ -182,12 +182,14 @@ def rabenseifner(call: Call, rank: int) -> Iterator[Raw]:
 def binomial_scatter(call: Call, rank: int) -> Iterator[Raw]:
     """scatter_allgather's first half: relative rank v ends holding buffer chunk v."""
     n, root, k, sizes = call.n, call.root, call.itemsize, call.chunks
-    recv, sends = scatter_schedule(n, (rank - root) % n)
+    v = (rank - root) % n
+    recv, sends = scatter_schedule(n, v)
+    # A step is named by its mask, the distance between the peers: each send is a round of its own.
     if recv is not None:
         peer, lo, hi = recv
-        yield ("scatter", hi - lo), (peer + root) % n, rank, sizes.span(lo, hi) * k
+        yield ("scatter", v - peer), (peer + root) % n, rank, sizes.span(lo, hi) * k
     for peer, lo, hi in sends:
-        yield ("scatter", hi - lo), rank, (peer + root) % n, sizes.span(lo, hi) * k
+        yield ("scatter", peer - v), rank, (peer + root) % n, sizes.span(lo, hi) * k
 
 
 SCHEDULES = {"tree": tree, "butterfly": butterfly, "recursive_doubling": recursive_doubling,

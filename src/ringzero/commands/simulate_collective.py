@@ -1,0 +1,146 @@
+"""`ringzero simulate collective`: one collective on a modelled cluster, in nccl-tests' columns.
+
+    ringzero simulate collective --collective all_reduce --algorithm ring --gpus 1024 --topology dgx-h100
+    ringzero simulate collective --algorithm auto --gpus 16384 --sizes 1M,64M,1G --json
+    ringzero simulate collective --gpus 64 --nic-bw 12.5GB/s --oversubscription 2
+
+The algorithm's own schedule (`plan.comm.schedule`) is played on the topology (`simulate`): each
+size's time, nccl-tests' algbw (size / time) and busbw (algbw times the collective's bus factor,
+2(n-1)/n for all-reduce), and the link that was busiest, with its utilisation over the call.
+"auto" plays every algorithm that runs on the group and keeps the fastest, per size. Every flag is
+checked before anything is played (`errors.usage`): one line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ringzero.errors import usage
+from ringzero.plan.comm.algorithms import ALGORITHMS, fits
+from ringzero.plan.comm.schedule.build import call_checked
+from ringzero.plan.units import parse_bytes, parse_sizes
+from ringzero.simulate.collective import bandwidths, candidates, simulate
+from ringzero.simulate.topology import PRESETS, Topology, preset
+
+DEFAULT_SIZES = "1M,4M,16M,64M,256M,1G,4G,8G"
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "float64": 8}
+OVERRIDES = {  # flag -> (Topology field, kind, help)
+    "gpus-per-node": ("gpus_per_node", "int", "GPUs in one NVSwitch domain"),
+    "nvlink-bw": ("nvlink_bw", "rate", "NVLink bandwidth per GPU per direction (e.g. 450GB/s)"),
+    "nvlink-latency": ("nvlink_latency", "us", "µs per message inside a node"),
+    "nics-per-node": ("nics_per_node", "int", "NICs per node (8: one per GPU; 1: one shared NIC)"),
+    "nic-bw": ("nic_bw", "rate", "bandwidth per NIC per direction (e.g. 400Gbit/s)"),
+    "nic-latency": ("nic_latency", "us", "µs per message between nodes"),
+    "switch-latency": ("switch_latency", "us", "µs added per spine crossing"),
+    "nodes-per-leaf": ("nodes_per_leaf", "int", "nodes under one leaf switch (per rail)"),
+    "oversubscription": ("oversubscription", "float", "leaf ports down / up (1: non-blocking)"),
+}
+
+
+def add_arguments(parser) -> None:
+    parser.description = __doc__.splitlines()[0].split(": ", 1)[1]
+    a = parser.add_argument
+    a("--collective", default="all_reduce", help=f"one of {', '.join(ALGORITHMS)}")
+    a("--algorithm", default="auto", help="an algorithm of the collective, or auto (the fastest per size)")
+    a("--gpus", type=int, default=64, help="GPUs in the group (a multiple of the GPUs per node)")
+    a("--topology", default="dgx-h100", help=f"preset: {', '.join(PRESETS)}")
+    a("--sizes", default=DEFAULT_SIZES, help=f"buffer sizes in bytes (default {DEFAULT_SIZES})")
+    a("--dtype", default="float32", help=f"element type: {', '.join(ITEMSIZE)}")
+    a("--shared-nic", action="store_true", help="the node's NICs on one leaf, not one rail each")
+    a("--json", action="store_true", help="one JSON object instead of the table")
+    g = parser.add_argument_group("topology overrides (default: the preset's figure)")
+    for flag, (_, _, what) in OVERRIDES.items():
+        g.add_argument(f"--{flag}", default=None, metavar="X", help=what)
+
+
+def _value(flag: str, kind: str, text: str):
+    try:
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+        if kind == "us":
+            return float(text) * 1e-6
+    except ValueError:
+        raise ValueError(f"--{flag}={text!r}: expected a number") from None
+    return parse_bytes(text, f"--{flag}", per_second=True)
+
+
+def topology(args) -> Topology:
+    over = {field: _value(flag, kind, getattr(args, flag.replace("-", "_")))
+            for flag, (field, kind, _) in OVERRIDES.items() if getattr(args, flag.replace("-", "_")) is not None}
+    if args.shared_nic:
+        over["rail_optimized"] = False
+    return preset(args.topology, args.gpus, **over)
+
+
+def check(args) -> tuple[Topology, tuple[int, ...], list[str]]:
+    """(topology, sizes, algorithms to play) or a ValueError naming the bad flag."""
+    if args.collective not in ALGORITHMS:
+        raise ValueError(f"unknown collective {args.collective!r}; allowed: {', '.join(ALGORITHMS)}")
+    if args.dtype not in ITEMSIZE:
+        raise ValueError(f"unknown dtype {args.dtype!r}; allowed: {', '.join(ITEMSIZE)}")
+    if args.gpus < 2:
+        raise ValueError(f"--gpus must be >= 2, got {args.gpus}")
+    topo = topology(args)
+    sizes = parse_sizes(args.sizes)
+    known = list(ALGORITHMS[args.collective])
+    if args.algorithm == "auto":
+        algs = candidates(args.collective, topo)
+    elif args.algorithm not in known:
+        raise ValueError(f"unknown algorithm {args.algorithm!r} for {args.collective}; allowed: "
+                         f"{', '.join(known)}, auto")
+    elif not fits(args.algorithm, topo.gpus, topo.gpus_per_node):
+        raise ValueError(f"{args.algorithm} cannot run on {topo.gpus} GPUs of {topo.gpus_per_node} per node: "
+                         f"it needs whole nodes")
+    else:
+        algs = [args.algorithm]
+    item = ITEMSIZE[args.dtype]
+    for size in sizes:
+        if size % item:
+            raise ValueError(f"size {size} is not a whole number of {args.dtype} elements ({item} bytes)")
+    return topo, sizes, algs
+
+
+def rows(args, topo: Topology, sizes, algs) -> list[dict]:
+    item, out = ITEMSIZE[args.dtype], []
+    for size in sizes:
+        played = {a: simulate(args.collective, a, topo, size, item) for a in algs}
+        best = min(played, key=lambda a: played[a].seconds)
+        p = played[best]
+        algbw, busbw = bandwidths(args.collective, topo.gpus, size, p.seconds)
+        link, util = p.busiest(topo)
+        out.append(dict(size=size, count=size // item, type=args.dtype, algorithm=best, time_us=p.seconds * 1e6,
+                        algbw=algbw, busbw=busbw, busiest_link=link, link_util=util, steps=p.steps,
+                        played=p.plays, exact=p.exact))
+    return out
+
+
+def run(args) -> int:
+    with usage():
+        topo, sizes, algs = check(args)
+        # A schedule too large to hold is bad input too: refused with its size before any play.
+        for a in algs:
+            call_checked(args.collective, a, topo.gpus, min(sizes) // ITEMSIZE[args.dtype], ITEMSIZE[args.dtype],
+                         0, topo.gpus_per_node)
+    table = rows(args, topo, sizes, algs)
+    if args.json:
+        print(json.dumps({"collective": args.collective, "gpus": topo.gpus, "topology": topo.name, "rows": table}))
+        return 0
+    _render(args, topo, table)
+    return 0
+
+
+def _render(args, topo: Topology, table: list[dict]) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"{args.collective} on {topo.gpus:,} GPUs ({topo.name}: {topo.nodes:,} nodes of "
+                    f"{topo.gpus_per_node}), simulated", title_justify="left", box=box.SIMPLE_HEAD)
+    for name in ("size (B)", "count", "type", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
+                 "busiest link", "util"):
+        t.add_column(name, justify="left" if name in ("type", "algorithm", "busiest link") else "right")
+    for r in table:
+        t.add_row(str(r["size"]), str(r["count"]), r["type"], r["algorithm"], f"{r['time_us']:.1f}",
+                  f"{r['algbw']:.2f}", f"{r['busbw']:.2f}", r["busiest_link"], f"{r['link_util']:.0%}")
+    Console(width=max(Console().width, 132)).print(t)      # the nine columns of a row on one line

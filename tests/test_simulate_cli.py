@@ -1,0 +1,97 @@
+"""`ringzero simulate collective`: nccl-tests' columns, the JSON rows, "auto", bad input (one line,
+exit 2, before anything is played) and a million GPUs answered or refused with the bound."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ringzero import cli
+from ringzero.plan.comm.schedule.build import MAX_LISTED
+from ringzero.plan.comm.volume import bus_factor
+from ringzero.simulate.collective import simulate
+from ringzero.simulate.topology import preset
+
+BASE = ["simulate", "collective"]
+
+
+def _main(argv, capsys):
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _rows(argv, capsys) -> list[dict]:
+    code, out, err = _main([*BASE, *argv, "--json"], capsys)
+    assert code == 0, err
+    return json.loads(out)["rows"]
+
+
+def test_the_table_has_nccl_tests_columns(capsys):
+    code, out, _ = _main([*BASE, "--gpus", "16", "--algorithm", "ring", "--sizes", "1M,64M"], capsys)
+    assert code == 0
+    for column in ("size (B)", "count", "type", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "busiest link"):
+        assert column in out
+    assert "1048576" in out and "16777216" in out and "float32" in out
+
+
+def test_the_json_rows_are_the_simulation_with_nccl_tests_bus_factor(capsys):
+    rows = _rows(["--gpus", "32", "--topology", "dgx-a100", "--algorithm", "hierarchical_2d", "--sizes", "64M,1G",
+                  "--dtype", "bfloat16"], capsys)
+    for r, size in zip(rows, (64 << 20, 1 << 30)):
+        played = simulate("all_reduce", "hierarchical_2d", preset("dgx-a100", 32), size, 2)
+        assert r["time_us"] == pytest.approx(played.seconds * 1e6, rel=1e-12)
+        assert r["algbw"] == pytest.approx(size / played.seconds / 1e9, rel=1e-12)
+        assert r["busbw"] == pytest.approx(r["algbw"] * bus_factor("all_reduce", 32), rel=1e-12)
+        assert r["count"] == size // 2 and r["type"] == "bfloat16" and 0 < r["link_util"] <= 1
+
+
+def test_auto_keeps_the_fastest_algorithm_per_size(capsys):
+    rows = _rows(["--gpus", "64", "--sizes", "8K,1G"], capsys)
+    for r in rows:
+        for alg in ("ring", "tree", "hierarchical", "hierarchical_2d", "rabenseifner"):
+            assert r["time_us"] <= simulate("all_reduce", alg, preset("dgx-h100", 64), r["size"]).seconds * 1e6 + 1e-9
+    assert rows[0]["algorithm"] != "ring" and rows[1]["algorithm"] != "tree"
+
+
+def test_overrides_reach_the_topology(capsys):
+    fast, slow = (_rows(["--gpus", "16", "--algorithm", "ring", "--sizes", "1G", "--nic-bw", bw], capsys)[0]
+                  for bw in ("400Gbit/s", "100Gbit/s"))
+    assert slow["time_us"] > 3.5 * fast["time_us"]
+    shared = _rows(["--gpus", "16", "--algorithm", "hierarchical_2d", "--sizes", "1G", "--nics-per-node", "1"], capsys)
+    assert shared[0]["busiest_link"].startswith("nic")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--gpus", "12"], "--gpus 12 is not a multiple of the 8 GPUs per node"),
+    (["--gpus", "16", "--gpus-per-node", "3", "--algorithm", "ring"], "not a multiple of the 3 GPUs per node"),
+    (["--gpus", "12", "--gpus-per-node", "6", "--algorithm", "hierarchical_2d", "--nics-per-node", "6"], None),
+    (["--gpus", "4", "--algorithm", "hierarchical_2d"], None),     # half a node: one node of 4
+    (["--nic-bw", "0"], "--nic-bw must be > 0"),
+    (["--nvlink-bw", "-5GB/s"], "--nvlink-bw must be > 0"),
+    (["--oversubscription", "x"], "--oversubscription='x': expected a number"),
+    (["--sizes", "1M,abc"], "bad size 'abc' for --sizes"),
+    (["--sizes", ","], "--sizes needs at least one value"),
+    (["--sizes", "3", "--dtype", "float32"], "size 3 is not a whole number of float32 elements"),
+    (["--topology", "dgx-b200"], "unknown topology 'dgx-b200'; allowed: dgx-a100, dgx-h100, dgx-h200"),
+    (["--algorithm", "pairwise"], "unknown algorithm 'pairwise' for all_reduce; allowed: naive, ring"),
+    (["--collective", "all_reduces"], "unknown collective 'all_reduces'"),
+    (["--dtype", "fp8"], "unknown dtype 'fp8'"),
+    (["--gpus", "1"], "--gpus must be >= 2"),
+    (["--gpus", "1000000", "--algorithm", "rabenseifner"], f"more than the {MAX_LISTED:,} the simulator holds"),
+    (["--gpus", "1000000", "--collective", "all_to_all", "--algorithm", "pairwise"],
+     "all_to_all with pairwise on 1,000,000 ranks needs 999,999,000,000 flows"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
+    code, out, err = _main([*BASE, *argv], capsys)
+    if message is None:                                 # a valid corner: 2 nodes of 6
+        assert code == 0, err
+        return
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert message in err
+
+
+def test_a_million_gpu_ring_is_answered(capsys):
+    rows = _rows(["--gpus", "1000000", "--algorithm", "ring", "--sizes", "1G"], capsys)
+    assert rows[0]["steps"] == 2 * 999_999 and rows[0]["played"] == 2 and not rows[0]["exact"]
