@@ -79,6 +79,11 @@ def test_overrides_reach_the_topology(capsys):
     (["--collective", "all_reduces"], "unknown collective 'all_reduces'"),
     (["--dtype", "fp8"], "unknown dtype 'fp8'"),
     (["--gpus", "1"], "--gpus must be >= 2"),
+    (["--straggler", "70:2"], "--straggler 70:2: GPU 70 is outside the world 0..63"),
+    (["--straggler", "3:0.5"], "the factor must be >= 1 (a slower GPU)"),
+    (["--straggler", "3"], "--straggler '3': expected GPU:FACTOR"),
+    (["--degrade", "nic9.0:2"], "no link 'nic9.0' on 64 GPUs; allowed: gpu0..gpu63, nic0.0..nic7.7, leaf0..leaf7"),
+    (["--degrade", "nic1.0:0"], "--degrade nic1.0:0.0: the factor must be >= 1"),
     (["--gpus", "1000000", "--algorithm", "rabenseifner"], f"more than the {MAX_LISTED:,} the simulator holds"),
     (["--gpus", "1000000", "--collective", "all_to_all", "--algorithm", "pairwise"],
      "all_to_all with pairwise on 1,000,000 ranks needs 999,999,000,000 flows"),
@@ -95,3 +100,15 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys):
 def test_a_million_gpu_ring_is_answered(capsys):
     rows = _rows(["--gpus", "1000000", "--algorithm", "ring", "--sizes", "1G"], capsys)
     assert rows[0]["steps"] == 2 * 999_999 and rows[0]["played"] == 2 and not rows[0]["exact"]
+
+
+def test_a_straggler_and_a_degraded_link_cost_what_they_slow(capsys):
+    """A ring of 64 leaves node 3 through GPU 31's NIC (nic3.7): at a quarter of its capacity each
+    of the 126 steps' crossings takes 4x (the bandwidth term dominates at 1 GiB); GPU 26 sends
+    inside its node at 450 GB/s, twice slower still faster than the 50 GB/s crossing: no cost."""
+    ring = ["--gpus", "64", "--algorithm", "ring", "--sizes", "1G"]
+    nic = _rows([*ring, "--degrade", "nic3.7:4"], capsys)[0]
+    assert 3.5 < nic["slowdown"] < 4.0 and nic["busiest_link"] == "nic3.7 tx"
+    assert nic["time_us"] == pytest.approx(nic["slowdown"] * nic["healthy_us"], rel=1e-12)
+    assert _rows([*ring, "--straggler", "26:2"], capsys)[0]["slowdown"] == pytest.approx(1.0, rel=1e-12)
+    assert 1.9 < _rows([*ring, "--straggler", "31:2"], capsys)[0]["slowdown"] <= 2.0

@@ -3,17 +3,22 @@
     ringzero simulate collective --collective all_reduce --algorithm ring --gpus 1024 --topology dgx-h100
     ringzero simulate collective --algorithm auto --gpus 16384 --sizes 1M,64M,1G --json
     ringzero simulate collective --gpus 64 --nic-bw 12.5GB/s --oversubscription 2
+    ringzero simulate collective --gpus 256 --algorithm ring --straggler 17:2 --degrade nic3.1:4
 
 The algorithm's own schedule (`plan.comm.schedule`) is played on the topology (`simulate`): each
 size's time, nccl-tests' algbw (size / time) and busbw (algbw times the collective's bus factor,
 2(n-1)/n for all-reduce), and the link that was busiest, with its utilisation over the call.
-"auto" plays every algorithm that runs on the group and keeps the fastest, per size. Every flag is
+"auto" plays every algorithm that runs on the group and keeps the fastest, per size. A straggler
+(--straggler GPU:FACTOR) sends at 1/FACTOR of the rate it would get; a degraded link (--degrade
+LINK:FACTOR, LINK as the busiest-link column names it: gpu5, nic3.2, leaf4) carries 1/FACTOR of
+its capacity; each row then shows the slowdown against the healthy cluster. Every flag is
 checked before anything is played (`errors.usage`): one line, exit code 2.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from ringzero.errors import usage
 from ringzero.plan.comm.algorithms import ALGORITHMS, fits
@@ -47,6 +52,10 @@ def add_arguments(parser) -> None:
     a("--sizes", default=DEFAULT_SIZES, help=f"buffer sizes in bytes (default {DEFAULT_SIZES})")
     a("--dtype", default="float32", help=f"element type: {', '.join(ITEMSIZE)}")
     a("--shared-nic", action="store_true", help="the node's NICs on one leaf, not one rail each")
+    a("--straggler", action="append", default=[], metavar="GPU:FACTOR",
+      help="a GPU sending FACTOR times slower (repeatable)")
+    a("--degrade", action="append", default=[], metavar="LINK:FACTOR",
+      help="a link (gpuG, nicJ.K, leafL) at 1/FACTOR of its capacity (repeatable)")
     a("--json", action="store_true", help="one JSON object instead of the table")
     g = parser.add_argument_group("topology overrides (default: the preset's figure)")
     for flag, (_, _, what) in OVERRIDES.items():
@@ -66,16 +75,41 @@ def _value(flag: str, kind: str, text: str):
     return parse_bytes(text, f"--{flag}", per_second=True)
 
 
+def _pairs(values: list[str], flag: str, what: str) -> list[tuple[str, float]]:
+    out = []
+    for v in values:
+        name, _, factor = v.rpartition(":")
+        try:
+            out.append((name, float(factor)))
+        except ValueError:
+            raise ValueError(f"--{flag} {v!r}: expected {what}:FACTOR, e.g. {'17:2' if flag == 'straggler' else 'nic3.1:4'}") from None
+        if not name:
+            raise ValueError(f"--{flag} {v!r}: expected {what}:FACTOR")
+    return out
+
+
 def topology(args) -> Topology:
     over = {field: _value(flag, kind, getattr(args, flag.replace("-", "_")))
             for flag, (field, kind, _) in OVERRIDES.items() if getattr(args, flag.replace("-", "_")) is not None}
     if args.shared_nic:
         over["rail_optimized"] = False
+    over["degrade"] = tuple(_pairs(args.degrade, "degrade", "LINK"))
     return preset(args.topology, args.gpus, **over)
 
 
-def check(args) -> tuple[Topology, tuple[int, ...], list[str]]:
-    """(topology, sizes, algorithms to play) or a ValueError naming the bad flag."""
+def stragglers(args, gpus: int) -> dict[int, float]:
+    out = {}
+    for gpu, factor in _pairs(args.straggler, "straggler", "GPU"):
+        if not gpu.isdigit() or int(gpu) >= gpus:
+            raise ValueError(f"--straggler {gpu}:{factor:g}: GPU {gpu} is outside the world 0..{gpus - 1}")
+        if not factor >= 1:
+            raise ValueError(f"--straggler {gpu}:{factor:g}: the factor must be >= 1 (a slower GPU)")
+        out[int(gpu)] = factor
+    return out
+
+
+def check(args) -> tuple[Topology, tuple[int, ...], list[str], dict[int, float]]:
+    """(topology, sizes, algorithms to play, stragglers) or a ValueError naming the bad flag."""
     if args.collective not in ALGORITHMS:
         raise ValueError(f"unknown collective {args.collective!r}; allowed: {', '.join(ALGORITHMS)}")
     if args.dtype not in ITEMSIZE:
@@ -83,6 +117,7 @@ def check(args) -> tuple[Topology, tuple[int, ...], list[str]]:
     if args.gpus < 2:
         raise ValueError(f"--gpus must be >= 2, got {args.gpus}")
     topo = topology(args)
+    slow = stragglers(args, topo.gpus)
     sizes = parse_sizes(args.sizes)
     known = list(ALGORITHMS[args.collective])
     if args.algorithm == "auto":
@@ -99,31 +134,37 @@ def check(args) -> tuple[Topology, tuple[int, ...], list[str]]:
     for size in sizes:
         if size % item:
             raise ValueError(f"size {size} is not a whole number of {args.dtype} elements ({item} bytes)")
-    return topo, sizes, algs
+    return topo, sizes, algs, slow
 
 
-def rows(args, topo: Topology, sizes, algs) -> list[dict]:
+def rows(args, topo: Topology, sizes, algs, slow: dict[int, float]) -> list[dict]:
     item, out = ITEMSIZE[args.dtype], []
+    hurt = bool(slow or topo.degrade)
+    healthy = replace(topo, degrade=())
     for size in sizes:
-        played = {a: simulate(args.collective, a, topo, size, item) for a in algs}
+        played = {a: simulate(args.collective, a, topo, size, item, slow) for a in algs}
         best = min(played, key=lambda a: played[a].seconds)
         p = played[best]
+        extra = {}
+        if hurt:
+            extra["healthy_us"] = simulate(args.collective, best, healthy, size, item).seconds * 1e6
+            extra["slowdown"] = p.seconds * 1e6 / extra["healthy_us"]
         algbw, busbw = bandwidths(args.collective, topo.gpus, size, p.seconds)
         link, util = p.busiest(topo)
         out.append(dict(size=size, count=size // item, type=args.dtype, algorithm=best, time_us=p.seconds * 1e6,
                         algbw=algbw, busbw=busbw, busiest_link=link, link_util=util, steps=p.steps,
-                        played=p.plays, exact=p.exact))
+                        played=p.plays, exact=p.exact, **extra))
     return out
 
 
 def run(args) -> int:
     with usage():
-        topo, sizes, algs = check(args)
+        topo, sizes, algs, slow = check(args)
         # A schedule too large to hold is bad input too: refused with its size before any play.
         for a in algs:
             call_checked(args.collective, a, topo.gpus, min(sizes) // ITEMSIZE[args.dtype], ITEMSIZE[args.dtype],
                          0, topo.gpus_per_node)
-    table = rows(args, topo, sizes, algs)
+    table = rows(args, topo, sizes, algs, slow)
     if args.json:
         print(json.dumps({"collective": args.collective, "gpus": topo.gpus, "topology": topo.name, "rows": table}))
         return 0
@@ -137,10 +178,12 @@ def _render(args, topo: Topology, table: list[dict]) -> None:
     from rich.table import Table
     t = Table(title=f"{args.collective} on {topo.gpus:,} GPUs ({topo.name}: {topo.nodes:,} nodes of "
                     f"{topo.gpus_per_node}), simulated", title_justify="left", box=box.SIMPLE_HEAD)
+    hurt = "slowdown" in table[0]
     for name in ("size (B)", "count", "type", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
-                 "busiest link", "util"):
+                 "busiest link", "util") + (("slowdown",) if hurt else ()):
         t.add_column(name, justify="left" if name in ("type", "algorithm", "busiest link") else "right")
     for r in table:
         t.add_row(str(r["size"]), str(r["count"]), r["type"], r["algorithm"], f"{r['time_us']:.1f}",
-                  f"{r['algbw']:.2f}", f"{r['busbw']:.2f}", r["busiest_link"], f"{r['link_util']:.0%}")
+                  f"{r['algbw']:.2f}", f"{r['busbw']:.2f}", r["busiest_link"], f"{r['link_util']:.0%}",
+                  *((f"{r['slowdown']:.2f}x",) if hurt else ()))
     Console(width=max(Console().width, 132)).print(t)      # the nine columns of a row on one line

@@ -78,10 +78,12 @@ def play_schedule(sched: Schedule, topo: Topology, gpus: Sequence[int] | None = 
     return Played(total, carried, count, plays, exact)
 
 
-def simulate(collective: str, algorithm: str, topo: Topology, nbytes: int, itemsize: int = 4) -> Played:
-    """`collective` of a `nbytes` buffer over every GPU of `topo` with `algorithm`."""
+def simulate(collective: str, algorithm: str, topo: Topology, nbytes: int, itemsize: int = 4,
+             slow: dict[int, float] | None = None) -> Played:
+    """`collective` of a `nbytes` buffer over every GPU of `topo` with `algorithm` (`slow`: as
+    `play_schedule`)."""
     return play_schedule(schedule_for(collective, algorithm, topo.gpus, nbytes // itemsize, itemsize, 0,
-                                      topo.gpus_per_node), topo)
+                                      topo.gpus_per_node), topo, slow=slow)
 
 
 def candidates(collective: str, topo: Topology) -> list[str]:

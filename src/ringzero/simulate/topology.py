@@ -49,6 +49,9 @@ class Topology:
     """Leaf ports down / ports up (1: a non-blocking fat tree)."""
     switch_latency: float = 0.0
     """Seconds per message added by each spine crossing."""
+    degrade: tuple[tuple[str, float], ...] = ()
+    """(link, factor): links whose capacity is divided by factor (>= 1): "gpuG" (GPU G's NVLink,
+    both directions), "nicJ.K" (NIC K of node J), "leafL" (leaf L's uplink and downlink)."""
 
     def __post_init__(self) -> None:
         for k in ("nvlink_bw", "nic_bw", "oversubscription"):
@@ -64,6 +67,10 @@ class Topology:
             raise ValueError(f"--gpus {self.gpus} is not a multiple of the {self.gpus_per_node} GPUs per node")
         if self.nics_per_node > self.gpus_per_node:
             raise ValueError(f"nics-per-node {self.nics_per_node} exceeds the {self.gpus_per_node} GPUs per node")
+        for link, factor in self.degrade:
+            self.link_ids(link)
+            if not factor >= 1:
+                raise ValueError(f"--degrade {link}:{factor}: the factor must be >= 1 (a slower link)")
 
     @property
     def nodes(self) -> int:
@@ -79,14 +86,38 @@ class Topology:
         g, nk, lv = self.gpus, self.nodes * self.nics_per_node, self.leaves
         ports = self.nodes_per_leaf * (1 if self.rail_optimized else self.nics_per_node)
         up = min(ports, self.nodes * (1 if self.rail_optimized else self.nics_per_node)) * self.nic_bw
-        return np.concatenate([np.full(2 * g, self.nvlink_bw), np.full(2 * nk, self.nic_bw),
-                               np.full(2 * lv, up / self.oversubscription)])
+        cap = np.concatenate([np.full(2 * g, self.nvlink_bw), np.full(2 * nk, self.nic_bw),
+                              np.full(2 * lv, up / self.oversubscription)])
+        for link, factor in self.degrade:
+            cap[self.link_ids(link)] /= factor
+        return cap
+
+    def link_ids(self, spec: str) -> list[int]:
+        """The two directions of link `spec` ("gpu5", "nic3.2", "leaf4"), or a ValueError naming the
+        ones that exist."""
+        g, k, nk, lv = self.gpus, self.nics_per_node, self.nodes * self.nics_per_node, self.leaves
+        allowed = (f"gpu0..gpu{g - 1}, nic0.0..nic{self.nodes - 1}.{k - 1}"
+                   + (f", leaf0..leaf{lv - 1}" if self.nodes > 1 else ""))
+        try:
+            if spec.startswith("gpu") and 0 <= int(spec[3:]) < g:
+                return [int(spec[3:]), g + int(spec[3:])]
+            if spec.startswith("nic"):
+                node, nic = (int(x) for x in spec[3:].split("."))
+                if 0 <= node < self.nodes and 0 <= nic < k:
+                    return [2 * g + node * k + nic, 2 * g + nk + node * k + nic]
+            if spec.startswith("leaf") and self.nodes > 1 and 0 <= int(spec[4:]) < lv:
+                return [2 * g + 2 * nk + int(spec[4:]), 2 * g + 2 * nk + lv + int(spec[4:])]
+        except ValueError:
+            pass
+        raise ValueError(f"no link {spec!r} on {g} GPUs; allowed: {allowed}")
 
     def link_name(self, i: int) -> str:
+        """Link i as "gpu5 nvlink up", "nic3.2 tx", "leaf4 down": its first word is what `link_ids`
+        (and --degrade) take."""
         g, nk, lv = self.gpus, self.nodes * self.nics_per_node, self.leaves
         k = self.nics_per_node
-        names = [(g, lambda j: f"nvlink gpu{j} up"), (g, lambda j: f"nvlink gpu{j} down"),
-                 (nk, lambda j: f"nic node{j // k}.{j % k} tx"), (nk, lambda j: f"nic node{j // k}.{j % k} rx"),
+        names = [(g, lambda j: f"gpu{j} nvlink up"), (g, lambda j: f"gpu{j} nvlink down"),
+                 (nk, lambda j: f"nic{j // k}.{j % k} tx"), (nk, lambda j: f"nic{j // k}.{j % k} rx"),
                  (lv, lambda j: f"leaf{j} up"), (lv, lambda j: f"leaf{j} down")]
         for size, fmt in names:
             if i < size:

@@ -1,0 +1,124 @@
+"""Speed of `ringzero.simulate`: how long the simulator takes to play collectives on large clusters.
+
+The goals: a 16,384-GPU ring, tree and hierarchical all-reduce of 1 GiB each in under 1 s, and an
+8-size nccl-tests sweep (1 MiB to 8 GiB) at 1,024 GPUs in under 5 s, on a 2-core machine. Each case
+is timed end to end (schedule built from the algorithm, routed, played) as the best of `--repeat`
+runs; the simulated time and busbw are printed beside it so a change in speed that also changes
+the answer shows. Every algorithm of the sweep is timed too, "auto" (all of them, keep the fastest)
+last. `--plot` draws the scaling picture: busbw of a 1 GiB all-reduce against GPUs (8 to 16,384)
+for each algorithm on DGX H100 nodes (rabenseifner, listed message by message, up to 2,048).
+
+    .venv/bin/python benchmarks/bench_simulate.py [--repeat 3] [--json out/bench_simulate.json]
+                                                  [--plot docs/simulate-scaling.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+from ringzero.simulate.collective import bandwidths, candidates, simulate
+from ringzero.simulate.topology import preset
+
+GiB = 1 << 30
+SWEEP = tuple(1 << p for p in range(20, 33, 2)) + (8 * GiB,)           # 1M, 4M, ..., 4G, 8G: 8 sizes
+GOALS = {"large": 1.0, "sweep": 5.0}
+
+
+def _best(fn, repeat: int) -> tuple[float, object]:
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def large(repeat: int, gpus: int = 16384) -> list[dict]:
+    topo, rows = preset("dgx-h100", gpus), []
+    for alg in ("ring", "tree", "hierarchical", "hierarchical_2d"):
+        wall, played = _best(lambda: simulate("all_reduce", alg, topo, GiB), repeat)
+        rows.append({"case": f"{gpus} GPUs {alg} 1 GiB", "wall_s": wall, "goal_s": GOALS["large"],
+                     "simulated_ms": played.seconds * 1e3,
+                     "busbw_GBps": bandwidths("all_reduce", gpus, GiB, played.seconds)[1]})
+    return rows
+
+
+def sweep(repeat: int, gpus: int = 1024) -> list[dict]:
+    topo, rows = preset("dgx-h100", gpus), []
+    for alg in [*candidates("all_reduce", topo), "auto"]:
+        algs = candidates("all_reduce", topo) if alg == "auto" else [alg]
+
+        def run():
+            return [min(simulate("all_reduce", a, topo, s).seconds for a in algs) for s in SWEEP]
+
+        wall, times = _best(run, repeat)
+        rows.append({"case": f"{gpus} GPUs {alg} 8 sizes", "wall_s": wall,
+                     "goal_s": GOALS["sweep"] if alg != "auto" else None,
+                     "simulated_ms": times[-1] * 1e3,
+                     "busbw_GBps": bandwidths("all_reduce", gpus, SWEEP[-1], times[-1])[1]})
+    return rows
+
+
+SCALING = ("ring", "tree", "hierarchical", "hierarchical_2d", "rabenseifner")
+LISTED_UP_TO = {"rabenseifner": 2048}
+
+
+def scaling(topology: str = "dgx-h100", nbytes: int = GiB) -> dict[str, list[tuple[int, float]]]:
+    """algorithm -> [(GPUs, busbw GB/s)] for 8, 16, ..., 16,384 GPUs."""
+    out = {}
+    for alg in SCALING:
+        out[alg] = []
+        for gpus in (8 << i for i in range(12)):
+            if gpus <= LISTED_UP_TO.get(alg, gpus):
+                played = simulate("all_reduce", alg, preset(topology, gpus), nbytes)
+                out[alg].append((gpus, bandwidths("all_reduce", gpus, nbytes, played.seconds)[1]))
+    return out
+
+
+def plot(curves: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for alg, points in curves.items():
+        ax.plot(*zip(*points), marker="o", label=alg)
+    ax.set(xscale="log", yscale="log", xlabel="GPUs (DGX H100 nodes of 8, rail-optimised fat tree)",
+           ylabel="busbw (GB/s)", title="Simulated 1 GiB all-reduce")
+    ax.set_xticks([8, 64, 512, 4096, 16384], ["8", "64", "512", "4,096", "16,384"])
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--json", type=Path)
+    p.add_argument("--plot", type=Path, help="write the scaling picture here (PNG)")
+    a = p.parse_args(argv)
+    rows = large(a.repeat) + sweep(a.repeat)
+    print(f"{'case':34} {'wall (s)':>9} {'goal':>6}  {'simulated (ms)':>14} {'busbw at the size (GB/s)':>25}")
+    for r in rows:
+        goal = f"<{r['goal_s']:g}" if r["goal_s"] else "-"
+        mark = "" if not r["goal_s"] else ("  ok" if r["wall_s"] < r["goal_s"] else "  MISSED")
+        print(f"{r['case']:34} {r['wall_s']:9.3f} {goal:>6}  {r['simulated_ms']:14.3f} {r['busbw_GBps']:25.2f}{mark}")
+    curves = scaling() if a.plot else {}
+    if a.plot:
+        plot(curves, a.plot)
+        for alg, points in curves.items():
+            print(f"busbw {alg:16}" + " ".join(f"{g}:{b:.0f}" for g, b in points))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"machine": platform.machine(), "rows": rows, "scaling": curves},
+                                     indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
