@@ -112,3 +112,10 @@ def test_a_straggler_and_a_degraded_link_cost_what_they_slow(capsys):
     assert nic["time_us"] == pytest.approx(nic["slowdown"] * nic["healthy_us"], rel=1e-12)
     assert _rows([*ring, "--straggler", "26:2"], capsys)[0]["slowdown"] == pytest.approx(1.0, rel=1e-12)
     assert 1.9 < _rows([*ring, "--straggler", "31:2"], capsys)[0]["slowdown"] <= 2.0
+
+
+def test_auto_leaves_out_the_algorithms_past_the_bound(capsys):
+    code, out, err = _main([*BASE, "--gpus", "65536", "--sizes", "1G", "--json"], capsys)
+    assert code == 0, err
+    got = json.loads(out)
+    assert set(got["skipped"]) == {"butterfly", "rabenseifner"} and got["rows"][0]["algorithm"] == "hierarchical_2d"

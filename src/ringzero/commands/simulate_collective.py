@@ -160,16 +160,36 @@ def rows(args, topo: Topology, sizes, algs, slow: dict[int, float]) -> list[dict
 def run(args) -> int:
     with usage():
         topo, sizes, algs, slow = check(args)
-        # A schedule too large to hold is bad input too: refused with its size before any play.
-        for a in algs:
-            call_checked(args.collective, a, topo.gpus, min(sizes) // ITEMSIZE[args.dtype], ITEMSIZE[args.dtype],
-                         0, topo.gpus_per_node)
+        algs, skipped = fitting(args, topo, sizes, algs)
     table = rows(args, topo, sizes, algs, slow)
     if args.json:
-        print(json.dumps({"collective": args.collective, "gpus": topo.gpus, "topology": topo.name, "rows": table}))
+        print(json.dumps({"collective": args.collective, "gpus": topo.gpus, "topology": topo.name, "rows": table,
+                          "skipped": skipped}))
         return 0
     _render(args, topo, table)
+    if skipped:
+        print(f"auto left out (schedule past the simulator's bound): {', '.join(skipped)}")
     return 0
+
+
+def fitting(args, topo: Topology, sizes, algs: list[str]) -> tuple[list[str], list[str]]:
+    """(algorithms whose schedule fits the simulator's bound at the largest size, those left out).
+    A schedule too large to hold is bad input: one named algorithm, or every one of "auto", is
+    refused with its size before anything is played."""
+    keep, skipped, first = [], [], None
+    item = ITEMSIZE[args.dtype]
+    for a in algs:
+        try:
+            call_checked(args.collective, a, topo.gpus, max(sizes) // item, item, 0, topo.gpus_per_node)
+            keep.append(a)
+        except ValueError as exc:
+            if args.algorithm != "auto":
+                raise
+            skipped.append(a)
+            first = first or exc
+    if not keep:
+        raise first
+    return keep, skipped
 
 
 def _render(args, topo: Topology, table: list[dict]) -> None:
