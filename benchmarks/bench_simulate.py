@@ -80,15 +80,21 @@ def scaling(topology: str = "dgx-h100", nbytes: int = GiB) -> dict[str, list[tup
 
 
 def plot(curves: dict, path: Path) -> None:
+    loglog(curves, path, "GPUs (DGX H100 nodes of 8, rail-optimised fat tree)", "busbw (GB/s)",
+           "Simulated 1 GiB all-reduce", [8, 64, 512, 4096, 16384])
+
+
+def loglog(lines: dict, path: Path, xlabel: str, ylabel: str, title: str, ticks: list[int],
+           dashed: tuple[str, ...] = ()) -> None:
+    """One log-log line per entry of `lines` (name -> [(x, y)]), written to `path` (PNG)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for alg, points in curves.items():
-        ax.plot(*zip(*points), marker="o", label=alg)
-    ax.set(xscale="log", yscale="log", xlabel="GPUs (DGX H100 nodes of 8, rail-optimised fat tree)",
-           ylabel="busbw (GB/s)", title="Simulated 1 GiB all-reduce")
-    ax.set_xticks([8, 64, 512, 4096, 16384], ["8", "64", "512", "4,096", "16,384"])
+    for name, points in lines.items():
+        ax.plot(*zip(*points), marker="o", label=name, linestyle="--" if name in dashed else "-")
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,7 @@ BENCHES = {
 
 SIMULATIONS = {
     "collective": ("ringzero.commands.simulate_collective", "one collective on a modelled cluster, as nccl-tests prints it"),
+    "step": ("ringzero.commands.simulate_step", "one training step on a modelled cluster, beside the planner's"),
 }
 NESTED = {"bench": ("bench_command", "BENCH", BENCHES), "simulate": ("simulate_command", "SIMULATION", SIMULATIONS)}
 """Commands made of sub-commands: (the attribute naming the one chosen, its metavar, the table)."""

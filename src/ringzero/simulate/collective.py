@@ -49,16 +49,20 @@ class Played:
         return topo.link_name(i), float(use[i])
 
 
-def play_schedule(sched: Schedule, topo: Topology, gpus: Sequence[int] | None = None,
+def play_schedule(sched: Schedule, topo: Topology, gpus: Sequence[int] | np.ndarray | None = None,
                   slow: dict[int, float] | None = None) -> Played:
-    """Play `sched` with group rank i on GPU `gpus[i]` (default i). `slow`: GPU -> factor its
-    sends are stretched by."""
-    where = np.arange(sched.call.n) if gpus is None else np.asarray(gpus, dtype=np.int64)
+    """Play `sched` with group rank i on GPU `gpus[i]` (default i). `gpus` may be (G, n): G groups
+    running the same call at once (a stage's dp replicas' tp groups), whose flows share the links
+    step by step. `slow`: GPU -> factor its sends are stretched by."""
+    where = np.arange(sched.call.n)[None] if gpus is None else np.asarray(gpus, dtype=np.int64).reshape(
+        -1, sched.call.n)
+    groups = len(where)
     cap = topo.capacities()
     carried = np.zeros(len(cap))
     total, plays, count, exact = 0.0, 0, 0, True
     for step in sched.steps:
-        src, dst = where[np.asarray(step.src, dtype=np.int64)], where[np.asarray(step.dst, dtype=np.int64)]
+        src = where[:, np.asarray(step.src, dtype=np.int64)].ravel()
+        dst = where[:, np.asarray(step.dst, dtype=np.int64)].ravel()
         links, latency = topo.routes(src, dst)
         factor = None if not slow else np.array([slow.get(int(g), 1.0) for g in src])
         sizes = np.asarray(step.nbytes, dtype=float)
@@ -68,7 +72,7 @@ def play_schedule(sched: Schedule, topo: Topology, gpus: Sequence[int] | None = 
         if not step.uniform and once:
             sizes, exact = np.full(len(sizes), sizes.max()), False
         for i in (range(1) if once else range(step.repeat)):
-            now = np.roll(sizes, i * step.roll) if i else sizes
+            now = np.tile(np.roll(sizes, i * step.roll) if i else sizes, groups)
             got = play(links, latency, now, cap, factor)
             times = step.repeat if once else 1
             total += got.seconds * times

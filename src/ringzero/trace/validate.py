@@ -52,7 +52,7 @@ def _nesting(slices: dict) -> list[str]:
     for (pid, tid), xs in slices.items():
         stack: list[tuple[float, float, str]] = []
         for a, b, name in sorted(xs, key=lambda s: (s[0], -s[1])):
-            while stack and stack[-1][1] <= a:
+            while stack and stack[-1][1] <= a + 1e-3:     # touching, to the ns
                 stack.pop()
             if stack and b > stack[-1][1] + 1e-3:      # µs, to the ns the files keep
                 out.append(f"pid {pid} tid {tid}: {name!r} [{a}, {b}] overlaps {stack[-1][2]!r} "

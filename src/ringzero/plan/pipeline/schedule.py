@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Iterator
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -135,37 +136,54 @@ def messages(stage: int, pp: int, microbatches: int, schedule: str, virtual_stag
     return out
 
 
-def simulate(pp: int, microbatches: int, schedule: str, virtual_stages: int = 1,
-             forward: float = 1.0, backward: float = 2.0) -> list[list[tuple[Action, float, float]]]:
-    """Per stage, its actions with (start, end) when a chunk's forward costs forward/v and its
-    backward backward/v, messages are instantaneous and every stage runs its actions in order.
-    Raises RuntimeError if the stages wait on each other forever (the schedule would deadlock)."""
-    v = virtual_stages
-    last = pp * v - 1
-    todo = [actions(i, pp, microbatches, schedule, v) for i in range(pp)]
-    done: dict[tuple[str, int, int], float] = {}        # (kind, micro, global chunk) -> end
-    out: list[list] = [[] for _ in range(pp)]
-    free = [0.0] * pp
+def input_of(a: Action, stage: int, pp: int, virtual_stages: int = 1) -> tuple[str, int, int] | None:
+    """The (kind, micro, global chunk) action whose output `stage`'s action `a` waits for: the
+    previous chunk's forward (an activation), the next chunk's backward (a gradient), its own
+    forward for the model's last chunk's backward; None for the first chunk's forwards."""
+    g, last = a.chunk * pp + stage, pp * virtual_stages - 1
+    if a.kind == "F":
+        return ("F", a.micro, g - 1) if g > 0 else None
+    return ("B", a.micro, g + 1) if g < last else ("F", a.micro, g)
+
+
+def in_order(pp: int, microbatches: int, schedule: str, virtual_stages: int, done) -> Iterator[tuple[int, int, Action]]:
+    """(stage, index, action) of every stage's actions in an order that respects their inputs:
+    a stage goes on while the action it is at finds its input (`input_of`) in `done`, which the
+    caller fills as it runs each one. Raises RuntimeError if the stages wait on each other forever
+    (the schedule would deadlock)."""
+    todo = [actions(i, pp, microbatches, schedule, virtual_stages) for i in range(pp)]
     pos = [0] * pp
     while any(pos[i] < len(todo[i]) for i in range(pp)):
         moved = False
         for i in range(pp):
             while pos[i] < len(todo[i]):
                 a = todo[i][pos[i]]
-                g = a.chunk * pp + i
-                need = (("F", a.micro, g - 1) if g > 0 else None) if a.kind == "F" else \
-                       (("B", a.micro, g + 1) if g < last else ("F", a.micro, g))
+                need = input_of(a, i, pp, virtual_stages)
                 if need is not None and need not in done:
                     break
-                start = max(free[i], done[need] if need else 0.0)
-                end = start + (forward if a.kind == "F" else backward) / v
-                done[(a.kind, a.micro, g)] = free[i] = end
-                out[i].append((a, start, end))
+                yield i, pos[i], a
                 pos[i] += 1
                 moved = True
         if not moved:
-            raise RuntimeError(f"{schedule} with pp={pp}, m={microbatches}, v={v} deadlocks: "
+            raise RuntimeError(f"{schedule} with pp={pp}, m={microbatches}, v={virtual_stages} deadlocks: "
                                f"stages wait at actions {pos}")
+
+
+def simulate(pp: int, microbatches: int, schedule: str, virtual_stages: int = 1,
+             forward: float = 1.0, backward: float = 2.0) -> list[list[tuple[Action, float, float]]]:
+    """Per stage, its actions with (start, end) when a chunk's forward costs forward/v and its
+    backward backward/v, messages are instantaneous and every stage runs its actions in order
+    (`in_order`, which raises if the schedule deadlocks)."""
+    v = virtual_stages
+    done: dict[tuple[str, int, int], float] = {}        # (kind, micro, global chunk) -> end
+    out: list[list] = [[] for _ in range(pp)]
+    free = [0.0] * pp
+    for i, _, a in in_order(pp, microbatches, schedule, v, done):
+        need = input_of(a, i, pp, v)
+        start = max(free[i], done[need] if need else 0.0)
+        end = start + (forward if a.kind == "F" else backward) / v
+        done[(a.kind, a.micro, a.chunk * pp + i)] = free[i] = end
+        out[i].append((a, start, end))
     return out
 
 
