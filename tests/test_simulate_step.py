@@ -196,3 +196,15 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, words):
 def test_the_presets_are_the_planners_nodes():
     for gpu, name in (("a100-80gb", "dgx-a100"), ("h100-sxm", "dgx-h100"), ("h200", "dgx-h200")):
         assert preset(name, 8) == Topology(gpus=8, **_from(hardware(gpu), name))
+
+
+def test_analyze_names_the_bubble_of_a_simulated_pipeline(capsys, tmp_path):
+    path = tmp_path / "bubbly.json"
+    code, _, err = _cli(["--model", "llama-2-7b", "--gpus", "32", "--tp", "8", "--pp", "4", "--global-batch", "1",
+                         "--gpu", "h100-sxm", "--trace", str(path), "--json"], capsys)
+    assert code == 0, err
+    assert cli.main(["analyze", str(path), "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["bottlenecks"]
+    assert found[0]["name"] == "pipeline bubble" and found[0]["share"] > 0.5
+    # stages done early idle until the step ends: bubble, not communication
+    assert "exposed communication" not in [b["name"] for b in found]

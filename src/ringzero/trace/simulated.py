@@ -6,7 +6,9 @@ One process per pipeline stage (pid: the GPU of its first tp rank in its first d
 replica the job follows), its compute stream on tid 1 (the engine's main thread: phases forward,
 backward, pipeline_wait, optimizer, offload, with the blocking tp collectives nested in them), the
 data-parallel stream on tid 2 (the engine's communication thread) and the point-to-point sends as
-async b/e pairs from the producer's end to the message's arrival. Spans are plain data (lane,
+async b/e pairs from the producer's end to the message's arrival. Every stage's step lasts the
+job's step: a stage done before the slowest idles until it ends (pipeline_wait), as it would in
+the steady state of a run, where that idle is its share of the bubble. Spans are plain data (lane,
 name, start, end, kind) in seconds from the step's start.
 """
 
@@ -49,6 +51,10 @@ def events(stages: list, pids: list[int], group: dict[str, int], seconds: float)
         out += _meta(pid, s)
         out.append({"ph": "X", "name": "step 0", "cat": "step", "pid": pid, "tid": 1, **_at(0.0, seconds),
                     "args": {"step": 0}})
+        done = max((sp.end for sp in spans if sp.lane != "p2p"), default=0.0)
+        if done < seconds:       # a stage done early idles until the step ends: the pipeline's bubble
+            out.append({"ph": "X", "name": "pipeline_wait", "cat": "phase", "pid": pid, "tid": 1,
+                        **_at(done, seconds), "args": {"after": "this stage's step"}})
         for i, sp in enumerate(spans):
             if sp.lane == "p2p":
                 ev = {"name": sp.name, "cat": "p2p", "pid": pid, "tid": 2, "id": f"p2p-{pid}-{i}"}
