@@ -5,7 +5,8 @@ The goals: a 16,384-GPU ring, tree and hierarchical all-reduce of 1 GiB each in 
 is timed end to end (schedule built from the algorithm, routed, played) as the best of `--repeat`
 runs; the simulated time and busbw are printed beside it so a change in speed that also changes
 the answer shows. Every algorithm of the sweep is timed too, "auto" (all of them, keep the fastest)
-last. `--plot` draws the scaling picture: busbw of a 1 GiB all-reduce against GPUs (8 to 16,384)
+last. Then the published nccl-tests runs (`simulate.published`): the links fitted at two sizes
+(`simulate.calibrate`), every other size from 16 MiB up simulated untouched, with its error. `--plot` draws the scaling picture: busbw of a 1 GiB all-reduce against GPUs (8 to 16,384)
 for each algorithm on DGX H100 nodes (rabenseifner, listed message by message, up to 2,048).
 
     .venv/bin/python benchmarks/bench_simulate.py [--repeat 3] [--json out/bench_simulate.json]
@@ -20,7 +21,9 @@ import platform
 import time
 from pathlib import Path
 
+from ringzero.simulate import calibrate
 from ringzero.simulate.collective import bandwidths, candidates, simulate
+from ringzero.simulate.published import AZURE_ND_A100_V4, GCP_A3_MEGA_16, MiB
 from ringzero.simulate.topology import preset
 
 GiB = 1 << 30
@@ -61,6 +64,39 @@ def sweep(repeat: int, gpus: int = 1024) -> list[dict]:
                      "simulated_ms": times[-1] * 1e3,
                      "busbw_GBps": bandwidths("all_reduce", gpus, SWEEP[-1], times[-1])[1]})
     return rows
+
+
+# (run, algorithm, the two sizes fitted, the link fitted)
+PUBLISHED = ((AZURE_ND_A100_V4, "ring", (32 * MiB, 8 * GiB), "nvlink"),
+             (GCP_A3_MEGA_16, "ring", (64 * MiB, 8 * GiB), "nic"),
+             (GCP_A3_MEGA_16, "hierarchical_2d", (64 * MiB, 8 * GiB), "nic"))
+
+
+def published() -> list[dict]:
+    """Each published run against the simulator with links fitted at two of its sizes."""
+    out = []
+    for run, alg, at, link in PUBLISHED:
+        topo = calibrate.fit(run, alg, at, link)
+        rows = calibrate.compare(run, topo, alg, run.sizes(16 * MiB), at)
+        bw, lat = calibrate.LINKS[link]
+        out.append({"run": run.name, "source": run.source, "algorithm": alg, "fitted_at": list(at), "link": link,
+                    "bandwidth_GBps": getattr(topo, bw) / 1e9, "latency_us": getattr(topo, lat) * 1e6,
+                    "rows": [{"bytes": r.nbytes, "published": r.published, "simulated": r.simulated,
+                              "error": r.error, "calibrated": r.calibrated} for r in rows],
+                    "worst": max(abs(r.error) for r in rows if not r.calibrated),
+                    "geomean": calibrate.geomean_error(rows)})
+    return out
+
+
+def _print_published(runs: list[dict]) -> None:
+    for p in runs:
+        print(f"\n{p['run']} ({p['algorithm']}; {p['link']} fitted at {p['fitted_at'][0] >> 20} MiB and "
+              f"{p['fitted_at'][1] >> 20} MiB: {p['bandwidth_GBps']:.2f} GB/s, {p['latency_us']:.2f} us)")
+        for r in p["rows"]:
+            mark = "  (fitted)" if r["calibrated"] else ("" if abs(r["error"]) <= 0.15 else "  > 15 %")
+            print(f"  {r['bytes']:>12}  published {r['published']:7.2f}  simulated {r['simulated']:7.2f}"
+                  f"  {r['error']:+7.1%}{mark}")
+        print(f"  worst {p['worst']:.1%}, geomean {p['geomean']:.2%} over the sizes not fitted")
 
 
 SCALING = ("ring", "tree", "hierarchical", "hierarchical_2d", "rabenseifner")
@@ -114,6 +150,8 @@ def main(argv=None) -> int:
         goal = f"<{r['goal_s']:g}" if r["goal_s"] else "-"
         mark = "" if not r["goal_s"] else ("  ok" if r["wall_s"] < r["goal_s"] else "  MISSED")
         print(f"{r['case']:34} {r['wall_s']:9.3f} {goal:>6}  {r['simulated_ms']:14.3f} {r['busbw_GBps']:25.2f}{mark}")
+    runs = published()
+    _print_published(runs)
     curves = scaling() if a.plot else {}
     if a.plot:
         plot(curves, a.plot)
@@ -121,7 +159,8 @@ def main(argv=None) -> int:
             print(f"busbw {alg:16}" + " ".join(f"{g}:{b:.0f}" for g, b in points))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"machine": platform.machine(), "rows": rows, "scaling": curves},
+        a.json.write_text(json.dumps({"machine": platform.machine(), "rows": rows, "published": runs,
+                                     "scaling": curves},
                                      indent=1))
     return 0
 

@@ -74,7 +74,7 @@ def test_overrides_reach_the_topology(capsys):
     (["--sizes", "1M,abc"], "bad size 'abc' for --sizes"),
     (["--sizes", ","], "--sizes needs at least one value"),
     (["--sizes", "3", "--dtype", "float32"], "size 3 is not a whole number of float32 elements"),
-    (["--topology", "dgx-b200"], "unknown topology 'dgx-b200'; allowed: dgx-a100, dgx-h100, dgx-h200"),
+    (["--topology", "dgx-b200"], "unknown topology 'dgx-b200'; allowed: dgx-a100, nd-a100-v4, dgx-h100, dgx-h200"),
     (["--algorithm", "pairwise"], "unknown algorithm 'pairwise' for all_reduce; allowed: naive, ring"),
     (["--collective", "all_reduces"], "unknown collective 'all_reduces'"),
     (["--dtype", "fp8"], "unknown dtype 'fp8'"),

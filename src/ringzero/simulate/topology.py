@@ -156,6 +156,11 @@ PRESETS = {
     # NVIDIA DGX A100 user guide: 8 A100 on NVSwitch (NVLink 3, 300 GB/s per direction per GPU) and
     # 8 x 200 Gb/s HDR InfiniBand (ConnectX-6) for compute, one per GPU: 25 GB/s each way.
     "dgx-a100": _from(HARDWARE["a100-80gb"], "dgx-a100"),
+    # Azure ND A100 v4 (NVIDIA A100 80GB on NVSwitch, 8 x 200 Gb/s HDR InfiniBand, one per GPU) with
+    # the NVLink figures NCCL reaches: fitted (`calibrate.fit`, the ring) to Azure's published
+    # all_reduce_perf run at two sizes, 32 MiB (132.77 GB/s busbw) and 8 GiB (231.58 GB/s); the run is
+    # `published.AZURE_ND_A100_V4`, and its other sizes check the fit.
+    "nd-a100-v4": {**_from(HARDWARE["a100-80gb"], "nd-a100-v4"), "nvlink_bw": 232.26e9, "nvlink_latency": 13.53e-6},
     # NVIDIA DGX H100 user guide: 8 H100 SXM on NVSwitch (NVLink 4, 450 GB/s per direction per GPU),
     # 8 x 400 Gb/s NDR ConnectX-7, one per GPU: 50 GB/s each way.
     "dgx-h100": _from(HARDWARE["h100-sxm"], "dgx-h100"),
