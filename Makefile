@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_plan_fidelity.py
 	$(PY) benchmarks/bench_simulate.py --json out/bench_simulate.json
 	$(PY) benchmarks/bench_simulate_step.py --json out/bench_simulate_step.json
+	$(PY) benchmarks/bench_simulate_engine.py --json out/bench_simulate_engine.json
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_compression.py --json out/bench_compression.json --plot out/compression.png
 	$(PY) benchmarks/bench_offload.py --json out/bench_offload.json

@@ -90,6 +90,11 @@ def _price(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node:
                                          cost.overlapped(call, volumes(call)))
 
 
+def price(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> float:
+    """Predicted seconds of one named algorithm under calibration `cal` (None: the default model)."""
+    return _price(collective, algorithm, n, nbytes, ranks_per_node, cal)
+
+
 def _times(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> dict[str, float]:
     return {alg: _price(collective, alg, n, nbytes, ranks_per_node, cal)
             for alg in candidates(collective, n, ranks_per_node)}
