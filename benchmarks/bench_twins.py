@@ -3,7 +3,8 @@
 Runs each configuration `--repeat` times through the CLI (`ringzero train ... --json-report`) on 2
 and on 4 local ranks and prints, per configuration, the min / median / max over the runs of the
 error (measured - predicted) / predicted (+: slower than predicted) of the step time, compute and
-exposed communication, beside the median spread of the step time the in-run probes predicted
+exposed communication, and of the step as the simulator plays it (`ringzero simulate`'s events
+with the run's probed rates: `twin.simulated`), beside the median spread of the step time the in-run probes predicted
 ((max - min) / median over a run's probe points: how much the machine's load moved during a run)
 and the median share of the run the probes took. The configurations: data parallelism, ZeRO-1 in
 fp16 (16-bit arithmetic runs ~20x slower than fp32 on a CPU without native support, so a smaller
@@ -37,7 +38,10 @@ CONFIGS = {
     "dp-powersgd": ["--strategy", "dp", "--micro-batch", "4", "--compress", "powersgd", "--compress-start", "2"],
     "zero1-topk": ["--strategy", "zero1", "--micro-batch", "4", "--compress", "topk", "--compress-start", "2"],
 }
-TWINS = {"step": "step time", "compute": "compute per step", "comm": "exposed communication per step"}
+TWINS = {"step": "step time", "compute": "compute per step", "comm": "exposed communication per step",
+         "simulated": "step time, simulated (the step's events played)"}
+"""The twins whose errors are summarized; the simulated step (`twin.simulated`) is absent where the
+simulator does not play the run (gradient compression): nan there."""
 CLI = "import sys; from ringzero.cli import main; sys.exit(main())"
 
 
@@ -55,7 +59,7 @@ def run_once(nproc: int, args: list[str], steps: int, folder: Path, label: str) 
 def errors(report: dict) -> dict[str, float]:
     """The run's errors of `TWINS`, its probes' step-time spread and cost share."""
     twins, probes = report["twins"], report["probes"]
-    out = {k: twins[name]["error"] for k, name in TWINS.items()}
+    out = {k: twins[name]["error"] if name in twins else float("nan") for k, name in TWINS.items()}
     out["probe_spread"] = probes["spread"].get("step", {}).get("spread", float("nan"))
     out["probe_cost"] = probes["cost_fraction"]
     return out
@@ -65,8 +69,9 @@ def summarize(runs: list[dict]) -> dict[str, dict[str, float]]:
     """min / median / max over runs of each error, the medians of the probes' spread and cost."""
     out = {}
     for k in TWINS:
-        xs = [r[k] for r in runs]
-        out[k] = {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+        xs = [r[k] for r in runs if r[k] == r[k]]          # nan: no such twin in the run
+        out[k] = {"min": min(xs), "median": statistics.median(xs), "max": max(xs)} if xs else \
+            dict.fromkeys(("min", "median", "max"), float("nan"))
     for k in ("probe_spread", "probe_cost"):
         out[k] = {"median": statistics.median(r[k] for r in runs)}
     return out

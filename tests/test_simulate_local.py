@@ -62,8 +62,10 @@ def test_ringzeros_collectives_under_the_emulator_take_the_simulated_time(pool):
     for alg in ALGORITHMS:
         got = max(m[alg] for m in measured)
         link = local.link_seconds("all_reduce", alg, 4, COUNT, 4, 2, GBPS, LATENCY_US)
-        sim = select.price("all_reduce", alg, 4, COUNT * 4, 2, None) + link      # host (defaults) + links
-        assert sim > link > 0.5 * sim
-        if abs(got / sim - 1) > 0.15:
+        host = select.price("all_reduce", alg, 4, COUNT * 4, 2, None)            # the built-in defaults
+        sim = local.seconds("all_reduce", alg, 4, COUNT, 4, 2, GBPS, LATENCY_US, host)
+        assert host + link >= sim > link > 0.5 * sim
+        print(f"{alg}: measured {got * 1e3:.1f} ms, simulated {sim * 1e3:.1f} ms, host + links {(host + link) * 1e3:.1f}")
+        if abs(sim / got - 1) > 0.15:         # the error against the measured time, as the bench reports it
             bad.append(f"{alg}: measured {got * 1e3:.1f} ms, simulated {sim * 1e3:.1f} ms")
     assert not bad, bad

@@ -208,3 +208,23 @@ def test_analyze_names_the_bubble_of_a_simulated_pipeline(capsys, tmp_path):
     assert found[0]["name"] == "pipeline bubble" and found[0]["share"] > 0.5
     # stages done early idle until the step ends: bubble, not communication
     assert "exposed communication" not in [b["name"] for b in found]
+
+
+@pytest.mark.timeout(120)
+def test_published_runs_simulated_within_5_percent_and_closer_than_the_planner():
+    # Every checked case of `plan.published` on DGX A100 nodes with the planner's defaults, no
+    # per-case tuning: mean 4.1 %, worst 12.6 % (BLOOM-176B: the 10 % goal is not met), against the
+    # planner's 4.5 % and 13.1 %. What separates them is the pipeline's flush (the dp reduction after
+    # the stage's last backward, as the engine's `reduce_now` runs it).
+    from ringzero.plan.published import CASES, predicted_tflops
+    a100 = hardware("a100-80gb")
+    sim, plan = [], []
+    for c in (c for c in CASES if c.checked):
+        p = c.parallel
+        got = simulate_step(c.model, c.training, p, a100, Topology(gpus=p.gpus, **_from(a100, "dgx-a100")),
+                            Grid(p.dp, p.tp, p.pp))
+        sim.append(abs(c.flops_per_step / (got.seconds * p.gpus) / 1e12 / c.tflops - 1))
+        plan.append(abs(predicted_tflops(c, a100) / c.tflops - 1))
+    assert sum(sim) / len(sim) <= 0.05
+    assert sum(sim) / len(sim) < sum(plan) / len(plan)
+    assert max(sim) < max(plan)

@@ -12,17 +12,21 @@ the emulated machine becomes a `Topology`:
 - what the ranks themselves spend (copies, reductions, Python steps, the real transport) is not a
   link: it is the calibration's α-β-γ price of the same call (`comm.select.price`, the model fitted
   by `ringzero bench comm --calibrate` on this machine, per algorithm where it has one, without the
-  emulator). The caller adds it (the simulator imports no `comm`, which needs torch).
+  emulator). The caller prices it and passes it in (the simulator imports no `comm`, which needs
+  torch).
 
-Adding the two takes each step's transfer and its host work as one after the other. That is right
-where an algorithm does not pipeline (the tree) and high where it does: the emulator's NIC thread
-sleeps out a transfer while the rank's own thread reduces the chunk before it.
+`link_seconds` plays the links alone, step after step (what the planner's `emulated_seconds`
+prices); `seconds` plays the call rank by rank with the host price on each message's path
+(`dataflow`), so that one rank's transfer overlaps another's host work, as on the real ranks. Simply
+adding the host price to `link_seconds` overstates the pipelined algorithms (the ring at 4 ranks
+by 14-36 % in `benchmarks/bench_simulate_engine.py`).
 """
 
 from __future__ import annotations
 
 from ringzero.plan.comm.schedule.build import schedule_for
 from ringzero.simulate.collective import play_schedule
+from ringzero.simulate.dataflow import dataflow_seconds
 from ringzero.simulate.topology import Topology
 
 FREE_BW = 1e15
@@ -44,3 +48,12 @@ def link_seconds(collective: str, algorithm: str, n: int, count: int, itemsize: 
     sched = schedule_for(collective, algorithm, n, count, itemsize, 0, ranks_per_node)
     return play_schedule(sched, emulated_topology(n, ranks_per_node, gbps, latency_us)).seconds
 
+
+
+def seconds(collective: str, algorithm: str, n: int, count: int, itemsize: int, ranks_per_node: int,
+            gbps: float, latency_us: float, host_seconds: float) -> float:
+    """The call on the emulated machine: its schedule played rank by rank (`dataflow`), each rank's
+    share of `host_seconds` (the calibrated price with no link emulated) overlapping the links of
+    the others."""
+    sched = schedule_for(collective, algorithm, n, count, itemsize, 0, ranks_per_node)
+    return dataflow_seconds(sched, ranks_per_node, gbps * 1e9, latency_us * 1e-6, host_seconds)

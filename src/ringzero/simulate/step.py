@@ -9,8 +9,10 @@ message was in flight ("pp", exposed point-to-point) and the rest ("bubble": the
 computing, the schedule's own idle time). Tensor-parallel collectives block the compute stream
 (Megatron-LM runs them inline). The gradient collectives run on a FIFO communication stream beside
 it: DDP's and ZeRO-1's buckets during the last micro-batch's backward of each chunk, ready in turn
-as backward walks the chunk from its last block (Li et al. 2020, PyTorch DDP §3.2.3), ZeRO-2's
-after every micro-batch; ZeRO-3 all-gathers each block's weights on a stream of its own,
+as backward walks the chunk from its last block (Li et al. 2020, PyTorch DDP §3.2.3), but under a
+pipeline all of them after the stage's last backward, the flush (as the engine's `reduce_now` and
+Megatron-LM's data-parallel all-reduce after `forward_backward` do: a stage's chunks end their
+backwards at different times); ZeRO-2's after every micro-batch; ZeRO-3 all-gathers each block's weights on a stream of its own,
 `prefetch` blocks ahead (FSDP's forward and backward prefetch), and reduce-scatters each block's
 gradient when its backward ends. The optimizer starts when the stage's compute and its gradient
 stream are done; ZeRO-1/2 then all-gather the updated weights.
@@ -77,14 +79,17 @@ class _Stream:
 
 
 def play_step(c: Costs, pp: int, micro: int, schedule: str, v: int, zero: int, prefetch: int,
-              factors: dict[int, float], tail: Tail) -> list[Stage]:
-    """Every stage's timeline and breakdown (module doc); `factors`: stage -> compute slowdown."""
+              factors: dict[int, float], tail: Tail, inline: bool = False) -> list[Stage]:
+    """Every stage's timeline and breakdown (module doc); `factors`: stage -> compute slowdown;
+    `inline`: the gradient collectives take the compute's time (CPU ranks, whose communication
+    thread runs on the cores backward uses) instead of running beside it."""
     last = pp * v - 1
     stages = [Stage() for _ in range(pp)]
     kind = "dp" if zero == 0 else "zero"
     comm = [_Stream(kind, st.spans) for st in stages]
     free = [0.0] * pp
     sent: dict[tuple[str, int, int], tuple[float, float]] = {}     # (kind, micro, chunk) -> (end, arrival)
+    flush = pp > 1 and zero < 2              # the engine's `reduce_now`: dp buckets after the flush
     final_b = {(s, a.chunk): i for s in range(pp) for i, a in enumerate(actions(s, pp, micro, schedule, v))
                if a.kind == "B"}
     for s, i, a in in_order(pp, micro, schedule, v, sent):
@@ -97,21 +102,25 @@ def play_step(c: Costs, pp: int, micro: int, schedule: str, v: int, zero: int, p
             st.parts["bubble"] += start - free[s] - flight
             st.spans.append(Span("compute", "pipeline_wait", free[s], start))
         received = need is not None and need[2] != g
-        buckets = zero == 2 or (zero < 2 and final_b[(s, a.chunk)] == i)
+        buckets = zero == 2 or (zero < 2 and not flush and final_b[(s, a.chunk)] == i)
         end = free[s] = _action(c, st, s, a.kind, c.chunks[s][a.chunk], start, received, factors.get(s, 1.0), zero,
-                                prefetch, comm[s], buckets, a.chunk)
+                                prefetch, comm[s], buckets, a.chunk, inline)
         nxt = g + 1 if a.kind == "F" else g - 1
         t = c.send[(s, nxt % pp)] if 0 <= nxt <= last and nxt % pp != s else 0.0
         sent[(a.kind, a.micro, g)] = (end, end + t)      # a chunk on the same stage: no message
         if t:
             st.spans.append(Span("p2p", "send" if a.kind == "F" else "send grad", end, end + t, "pp"))
     for s, st in enumerate(stages):
+        if flush:
+            for cut in c.buckets[s]:
+                for collective, seconds in cut:
+                    comm[s].run(free[s], seconds, collective)
         _tail(c, st, s, free[s], comm[s].free, tail)
     return stages
 
 
 def _action(c: Costs, st: Stage, s: int, kind: str, chunk, start: float, received: bool, factor: float,
-            zero: int, prefetch: int, stream: _Stream, buckets: bool, local: int) -> float:
+            zero: int, prefetch: int, stream: _Stream, buckets: bool, local: int, inline: bool = False) -> float:
     """Run one action from `start`; returns its end."""
     t = start
     if received and c.gather[s]:
@@ -122,7 +131,7 @@ def _action(c: Costs, st: Stage, s: int, kind: str, chunk, start: float, receive
     compute = (chunk.forward if kind == "F" else chunk.backward) * factor
     tp = chunk.tp_forward if kind == "F" else chunk.tp_backward
     if zero == 3:
-        return _layered(c, st, s, kind, chunk, t, compute, tp, prefetch, stream, local)
+        return _layered(c, st, s, kind, chunk, t, compute, tp, 0 if inline else prefetch, stream, local, inline)
     st.spans.append(Span("compute", name, t, t + compute + tp))
     if tp:
         st.spans.append(Span("compute", "tp collectives", t + compute, t + compute + tp, "tp"))
@@ -132,16 +141,22 @@ def _action(c: Costs, st: Stage, s: int, kind: str, chunk, start: float, receive
     if kind == "B" and buckets:
         cut = c.buckets[s][local]
         for k, (collective, seconds) in enumerate(cut):
-            stream.run(t + (k + 1) / len(cut) * (end - t), seconds, collective)
+            if inline:
+                st.spans.append(Span("compute", collective, end, end + seconds, stream.kind))
+                st.parts["dp"] += seconds
+                end += seconds
+            else:
+                stream.run(t + (k + 1) / len(cut) * (end - t), seconds, collective)
     return end
 
 
 def _layered(c: Costs, st: Stage, s: int, kind: str, chunk, t: float, compute: float, tp: float,
-             prefetch: int, stream: _Stream, local: int) -> float:
+             prefetch: int, stream: _Stream, local: int, inline: bool = False) -> float:
     """A ZeRO-3 action block by block: each block waits for its weights' all-gather, issued when
     the block `prefetch` before it starts (FSDP's prefetch; 0: when the block itself is reached);
     in backward each block's gradient is reduce-scattered as soon as its backward ends. Gathers and
-    reduce-scatters share the stage's one stream, in the order they are issued."""
+    reduce-scatters share the stage's one stream, in the order they are issued; `inline`: the
+    reduce-scatter holds the compute until it is done too."""
     n = max(1, chunk.layers)
     per, cut = (compute + tp) / n, c.buckets[s][local]
     ready = {j: stream.run(t, c.layer_gather[s], "all_gather") for j in range(min(prefetch, n))}
@@ -156,7 +171,10 @@ def _layered(c: Costs, st: Stage, s: int, kind: str, chunk, t: float, compute: f
         end = begin + per
         if kind == "B" and cut:
             collective, seconds = cut[min(i, len(cut) - 1)]
-            stream.run(end, seconds, collective)
+            done = stream.run(end, seconds, collective)
+            if inline:
+                st.parts["dp"] += done - end
+                end = done
     st.spans.append(Span("compute", "forward" if kind == "F" else "backward", t, end))
     st.parts["compute"] += compute
     st.parts["tp"] += tp
@@ -165,7 +183,7 @@ def _layered(c: Costs, st: Stage, s: int, kind: str, chunk, t: float, compute: f
 
 def _tail(c: Costs, st: Stage, s: int, computed: float, reduced: float, tail: Tail) -> None:
     """The optimizer after the last gradient, the host round trip, ZeRO-1/2's weight all-gather."""
-    st.parts["dp"] = max(0.0, reduced - computed)
+    st.parts["dp"] += max(0.0, reduced - computed)
     t = max(computed, reduced)
     for name, seconds, part in (("optimizer", tail.optimizer[s], "optimizer"), ("offload", tail.offload, "offload")):
         if seconds:

@@ -19,6 +19,8 @@ every collective played from its schedule on the GPUs the grid puts it on.
 
 Each distinct call is played once (`Played` is cached by call and stage); its link bytes are kept
 so the step can name its busiest links.
+
+`measured.Measured` replaces the hardware's roofline with a run's own rates (ringzero's CPU ranks).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ringzero.plan.strategies.tensor_parallel import layer_collectives
 from ringzero.simulate.collective import play_schedule
 from ringzero.simulate.fluid import play
 from ringzero.simulate.grid import Grid, per_node
+from ringzero.simulate.measured import Measured
 from ringzero.simulate.topology import Topology
 
 FORWARD_TP = {"all_reduce": 2, "reduce_scatter": 2, "all_gather": 2}
@@ -87,8 +90,8 @@ class Costs:
 class Player:
     """Plays calls on the grid's GPUs once each and remembers them."""
 
-    def __init__(self, topo: Topology, grid: Grid, slow: dict[int, float]):
-        self.topo, self.grid, self.slow = topo, grid, slow
+    def __init__(self, topo: Topology, grid: Grid, slow: dict[int, float], measured: Measured | None = None):
+        self.topo, self.grid, self.slow, self.measured = topo, grid, slow, measured
         self.cache: dict[tuple, tuple[float, np.ndarray]] = {}
 
     def collective(self, collective: str, algorithm: str, dim: str, stage: int, count: int,
@@ -103,7 +106,8 @@ class Player:
                 sched = schedule_for(collective, algorithm, n, count, itemsize, 0,
                                      per_node(groups, self.topo.gpus_per_node))
                 got = play_schedule(sched, self.topo, groups, self.slow)
-                self.cache[key] = (got.seconds, got.link_bytes)
+                host = self.measured.host(dim, collective, algorithm, n, count, itemsize) if self.measured else 0.0
+                self.cache[key] = (got.seconds + host, got.link_bytes)
         return self.cache[key]
 
     def flows(self, src: np.ndarray, dst: np.ndarray, nbytes: int) -> tuple[float, np.ndarray]:
@@ -158,9 +162,12 @@ def costs(m: ModelShape, tr: Training, par: Parallel, hw: Hardware, player: Play
     """The per-stage costs of configuration (m, tr, par) on the player's topology and grid."""
     b, item, pp, micro = tr.micro_batch, tr.bytes_per_value, par.pp, tr.accumulation(par.dp)
     v = effective_virtual_stages(par.schedule, par.virtual_stages)
-    lf, lb = layer_seconds(m, b, par.tp, tr.precision, par.recompute, tr.dropout_for(m), par.sequence_parallel,
-                           par.flash_attention, hw)
-    hf, hb = head_seconds(m, b, par.tp, tr.precision, hw)
+    if player.measured:
+        lf, lb, hf, hb = player.measured.compute(m, b, par.tp, par.recompute)
+    else:
+        lf, lb = layer_seconds(m, b, par.tp, tr.precision, par.recompute, tr.dropout_for(m), par.sequence_parallel,
+                               par.flash_attention, hw)
+        hf, hb = head_seconds(m, b, par.tp, tr.precision, hw)
     ranges = chunk_layers(m, pp * v)
     strategy = by_zero(par.zero)
     bsh = b * m.seq * m.hidden
@@ -180,11 +187,14 @@ def costs(m: ModelShape, tr: Training, par: Parallel, hw: Hardware, player: Play
         for g in stage_chunks(s, pp, v):
             n, head = len(ranges[g]), g == pp * v - 1
             params = held * n // layers if layers else 0
-            row.append(Chunk(n, n * lf + (hf if head else 0.0), n * lb + (hb if head else 0.0),
+            ef, eb = player.measured.embeddings(m, b, par.tp) if player.measured and g == 0 else (0.0, 0.0)
+            row.append(Chunk(n, n * lf + (hf if head else 0.0) + ef, n * lb + (hb if head else 0.0) + eb,
                              n * tpf, n * tpb, params))
             gradient = strategy.gradient.collective
             alg = algo if gradient == "all_reduce" else "ring"
             sizes = bucket_counts(params, item, par.bucket_mb, par.dp, strategy.shard_optimizer)
+            if player.measured and player.measured.buckets is not None and pp * v == 1:
+                sizes = list(player.measured.buckets)
             if par.zero == 3:       # one reduce-scatter per block, FSDP's unit
                 sizes = [padded_numel(max(1, params // max(1, n)), par.dp)] * n
             times = strategy.gradient.times(micro)
@@ -195,10 +205,12 @@ def costs(m: ModelShape, tr: Training, par: Parallel, hw: Hardware, player: Play
         per_layer = padded_numel(max(1, held // max(1, layers)), par.dp)
         out.layer_gather.append(use(dp_kind, player.collective("all_gather", "ring", "dp", s, per_layer, item),
                                     2 * layers * micro) if par.zero == 3 else 0.0)
-        sharded = padded_numel(held, par.dp)
+        sharded = [padded_numel(held, par.dp)]
+        if player.measured and player.measured.gathers is not None and pp * v == 1:
+            sharded = list(player.measured.gathers)
         weights = strategy.gathers_after_step and par.dp > 1
-        out.after.append([("all_gather", use(dp_kind, player.collective("all_gather", "ring", "dp", s, sharded,
-                                                                         item)))] if weights else [])
+        out.after.append([("all_gather", use(dp_kind, player.collective("all_gather", "ring", "dp", s, k, item)))
+                          for k in sharded] if weights else [])
         received = sum(messages(s, pp, micro, par.schedule, v)[k] for k in ("activations_received",
                                                                              "gradients_received"))
         gathers = par.tp > 1 and not par.sequence_parallel and pp > 1

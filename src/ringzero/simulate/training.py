@@ -17,6 +17,7 @@ from ringzero.plan.step_time import offload_seconds
 from ringzero.plan.strategies.sharding import by_zero, shard_numel
 from ringzero.simulate.grid import Grid
 from ringzero.simulate.step import PARTS, Stage, Tail, play_step
+from ringzero.simulate.measured import Measured
 from ringzero.simulate.step_costs import Player, costs
 from ringzero.simulate.topology import Topology
 
@@ -63,12 +64,13 @@ def replica_factors(grid: Grid, slow: dict[int, float]) -> dict[int, float]:
 
 
 def simulate_step(m: ModelShape, tr: Training, par: Parallel, hw: Hardware, topo: Topology, grid: Grid,
-                  slow: dict[int, float] | None = None) -> Simulated:
-    """The step of (m, tr, par) on `topo` with the GPUs placed by `grid`; `slow`: GPU -> factor."""
+                  slow: dict[int, float] | None = None, measured: Measured | None = None) -> Simulated:
+    """The step of (m, tr, par) on `topo` with the GPUs placed by `grid`; `slow`: GPU -> factor;
+    `measured`: a run's rates in place of `hw`'s compute and optimizer (offload keeps `hw`'s)."""
     slow = slow or {}
     if grid.world != topo.gpus:
         raise ValueError(f"the grid holds {grid.world} GPUs, the topology {topo.gpus}")
-    player = Player(topo, grid, slow)
+    player = Player(topo, grid, slow, measured)
     c = costs(m, tr, par, hw, player)
     v = effective_virtual_stages(par.schedule, par.virtual_stages)
     strategy = by_zero(par.zero)
@@ -76,10 +78,14 @@ def simulate_step(m: ModelShape, tr: Training, par: Parallel, hw: Hardware, topo
     for s in range(par.pp):
         held = stage_params(m, par.tp, s, par.pp, v)
         shard = shard_numel(held, par.dp) if strategy.shard_optimizer else held
-        optimizer.append(0.0 if par.offload != "none" else optimizer_seconds(shard, tr.optimizer, hw))
+        if par.offload != "none":
+            optimizer.append(0.0)
+        else:
+            optimizer.append(shard * measured.optimizer_s_per_param if measured
+                             else optimizer_seconds(shard, tr.optimizer, hw))
     tail = Tail(optimizer, offload_seconds(m, tr, par, hw))
     stages = play_step(c, par.pp, tr.accumulation(par.dp), par.schedule, v, par.zero, par.prefetch,
-                       replica_factors(grid, slow), tail)
+                       replica_factors(grid, slow), tail, inline=bool(measured and measured.inline))
     critical = max(range(par.pp), key=lambda s: stages[s].end)
     return Simulated(stages[critical].end, critical, stages, c.dp_algorithm, c.link_bytes)
 

@@ -29,6 +29,7 @@ from ringzero.run.config import TrainConfig
 from ringzero.run.result import RankResult
 from ringzero.twin.step import comm_seconds, step_seconds, unpriced
 from ringzero.twin.rates import pooled_flops
+from ringzero.twin.simulated import simulated_step
 from ringzero.twin.twin import Twin
 from ringzero.twin import wait as report_wait
 
@@ -116,8 +117,11 @@ def twins(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[Twin]
         rows += pipeline_twins(cfg, world, results)
     rows += report_wait.twins(cfg, world, results)
     rows += phase_twins(cfg, busiest, steps)
+    simulated = simulated_step(cfg, world, run_rates(results, cfg), busiest.buckets)
     rows += [
         Twin("step time", steps["step"], busiest.step_time, "s"),
+        *([Twin("step time, simulated (the step's events played)", simulated, busiest.step_time, "s")]
+          if simulated is not None else []),
         Twin("tokens per second", tokens / steps["step"], tokens / busiest.step_time, "tokens/s"),
     ]
     return [r for r in rows if world > 1 or "communication" not in r.name]
