@@ -52,6 +52,8 @@ def add_arguments(parser) -> None:
     a("--sizes", default=DEFAULT_SIZES, help=f"buffer sizes in bytes (default {DEFAULT_SIZES})")
     a("--dtype", default="float32", help=f"element type: {', '.join(ITEMSIZE)}")
     a("--shared-nic", action="store_true", help="the node's NICs on one leaf, not one rail each")
+    a("--pxn", action="store_true", help="a message between rails goes over NVLink to its rail's GPU first "
+                                         "(NCCL's PXN)")
     a("--straggler", action="append", default=[], metavar="GPU:FACTOR",
       help="a GPU sending FACTOR times slower (repeatable)")
     a("--degrade", action="append", default=[], metavar="LINK:FACTOR",
@@ -93,6 +95,8 @@ def topology(args) -> Topology:
             for flag, (field, kind, _) in OVERRIDES.items() if getattr(args, flag.replace("-", "_")) is not None}
     if args.shared_nic:
         over["rail_optimized"] = False
+    if args.pxn:
+        over["pxn"] = True
     over["degrade"] = tuple(_pairs(args.degrade, "degrade", "LINK"))
     return preset(args.topology, args.gpus, **over)
 

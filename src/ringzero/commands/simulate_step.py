@@ -47,6 +47,8 @@ def add_arguments(parser) -> None:
     a = g.add_argument
     a("--placement", default=MEGATRON, help=f"tp, dp, pp fastest-varying first (default {MEGATRON}: Megatron-LM's)")
     a("--shared-nic", action="store_true", help="the node's NICs on one leaf, not one rail each")
+    a("--pxn", action="store_true", help="a message between rails goes over NVLink to its rail's GPU first "
+                                         "(NCCL's PXN)")
     a("--straggler", action="append", default=[], metavar="GPU:FACTOR",
       help="a GPU computing and sending FACTOR times slower (repeatable)")
     a("--degrade", action="append", default=[], metavar="LINK:FACTOR",
@@ -69,6 +71,8 @@ def check(args):
             for flag, (field, kind, _) in TOPOLOGY_FLAGS.items() if getattr(args, flag.replace("-", "_")) is not None}
     if args.shared_nic:
         over["rail_optimized"] = False
+    if args.pxn:
+        over["pxn"] = True
     fields = {**_from(hw, PRESET_OF.get(args.gpu, args.gpu)), **over}
     topo = Topology(gpus=par.gpus, degrade=tuple(_pairs(args.degrade, "degrade", "LINK")), **fields)
     grid = Grid.parse(args.placement, par.dp, par.tp, par.pp)

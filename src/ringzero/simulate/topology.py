@@ -13,9 +13,11 @@ per node and L leaves:
 Routes. Inside a node: NVLink up, NVLink down. Between nodes: GPU g uses NIC (g mod K) of its node
 (with K = 8 every GPU has its own, as DGX systems do; K = 1 shares one); rail-optimised, NIC k of
 every node is on rail k, a leaf serves one rail of `nodes_per_leaf` nodes, so a message between
-different rails or different leaves crosses the spine (NCCL's PXN, which first moves the data over
-NVLink to the GPU on the right rail, is not modelled). The host side of a NIC (PCIe) is not a link:
-it is faster than the NIC on these systems.
+different rails or different leaves crosses the spine. With `pxn` (NCCL's PXN, "PCI x NVLink",
+NCCL 2.12: `NCCL_PXN_DISABLE=0`) a message between rails first goes over NVLink to the GPU of its
+own node on the destination's rail and leaves by that GPU's NIC, so it stays on one rail (and off
+the spine when both nodes share a leaf group), at the price of an NVLink hop. The host side of a
+NIC (PCIe) is not a link: it is faster than the NIC on these systems.
 
 Latency: `nvlink_latency` per message inside a node, `nic_latency` per message between nodes plus
 `switch_latency` for each spine crossing (Hockney's α per message; the planner's
@@ -49,6 +51,9 @@ class Topology:
     """Leaf ports down / ports up (1: a non-blocking fat tree)."""
     switch_latency: float = 0.0
     """Seconds per message added by each spine crossing."""
+    pxn: bool = False
+    """Route a message between rails through the source node's GPU on the destination's rail
+    (NCCL's PXN; rail-optimised fabrics only)."""
     degrade: tuple[tuple[str, float], ...] = ()
     """(link, factor): links whose capacity is divided by factor (>= 1): "gpuG" (GPU G's NVLink,
     both directions), "nicJ.K" (NIC K of node J), "leafL" (leaf L's uplink and downlink)."""
@@ -67,6 +72,9 @@ class Topology:
             raise ValueError(f"--gpus {self.gpus} is not a multiple of the {self.gpus_per_node} GPUs per node")
         if self.nics_per_node > self.gpus_per_node:
             raise ValueError(f"nics-per-node {self.nics_per_node} exceeds the {self.gpus_per_node} GPUs per node")
+        if self.pxn and not self.rail_optimized:
+            raise ValueError("--pxn moves a message onto its destination's rail: it needs rail-optimised NICs, "
+                             "not --shared-nic")
         for link, factor in self.degrade:
             self.link_ids(link)
             if not factor >= 1:
@@ -126,24 +134,35 @@ class Topology:
         raise IndexError(i)
 
     def routes(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(links (F, 4) with -1 for none, latency (F,)) of flows from GPUs `src` to GPUs `dst`."""
+        """(links (F, 6) with -1 for none, latency (F,)) of flows from GPUs `src` to GPUs `dst`:
+        NVLink up and down inside a node; between nodes [PXN's NVLink up and down to the relay,]
+        the sending NIC, [the leaf's uplink and the far leaf's downlink,] the receiving NIC."""
         g, per, k = self.gpus, self.gpus_per_node, self.nics_per_node
         nk, lv = self.nodes * k, self.leaves
         node_s, node_d = src // per, dst // per
-        nic_s, nic_d = node_s * k + (src % per) % k, node_d * k + (dst % per) % k
+        rail_s, rail_d = (src % per) % k, (dst % per) % k
+        inside = node_s == node_d
+        relay = ~inside & (rail_s != rail_d) if self.pxn else np.zeros(len(src), dtype=bool)
+        via = node_s * per + rail_d                     # the source node's GPU on the destination's rail
+        rail_s = np.where(relay, rail_d, rail_s)
+        nic_s, nic_d = node_s * k + rail_s, node_d * k + rail_d
         groups_s, groups_d = node_s // self.nodes_per_leaf, node_d // self.nodes_per_leaf
         if self.rail_optimized:
-            leaf_s, leaf_d = groups_s * k + nic_s % k, groups_d * k + nic_d % k
+            leaf_s, leaf_d = groups_s * k + rail_s, groups_d * k + rail_d
         else:
             leaf_s, leaf_d = groups_s, groups_d
-        inside, spine = node_s == node_d, leaf_s != leaf_d
-        links = np.full((len(src), 4), -1, dtype=np.int64)
+        spine = leaf_s != leaf_d
+        links = np.full((len(src), 6), -1, dtype=np.int64)
         links[:, 0] = np.where(inside, src, 2 * g + nic_s)
         links[:, 1] = np.where(inside, g + dst, 2 * g + nk + nic_d)
         cross = ~inside & spine
         links[cross, 2] = 2 * g + 2 * nk + leaf_s[cross]
         links[cross, 3] = 2 * g + 2 * nk + lv + leaf_d[cross]
-        latency = np.where(inside, self.nvlink_latency, self.nic_latency + np.where(spine, self.switch_latency, 0.0))
+        links[relay, 4] = src[relay]
+        links[relay, 5] = g + via[relay]
+        latency = np.where(inside, self.nvlink_latency,
+                           self.nic_latency + np.where(spine & ~inside, self.switch_latency, 0.0)
+                           + np.where(relay, self.nvlink_latency, 0.0))
         return links, latency
 
 
