@@ -131,6 +131,24 @@ def _pass_seconds(fn, reps: int = COMPUTE_REPS) -> float:
             return elapsed / passes
 
 
+def _agreed_pass_seconds(fn, reps: int, group) -> float:
+    """`_pass_seconds` of a pass with collectives in it. Every rank of `group` must run it the same
+    number of times: one that stopped on its own clock would leave a peer waiting in the next
+    pass's collective for good (the run would hang until its timeout). So one pass is timed first,
+    and the count is the most any rank's first pass asks for, agreed by one all-reduce outside the
+    timed passes."""
+    t0 = time.perf_counter()
+    fn()
+    first = time.perf_counter() - t0
+    want = torch.tensor([max(reps, math.ceil(COMPUTE_WINDOW_S / max(first, 1e-9)))], dtype=torch.int64)
+    dist.all_reduce(want, op=dist.ReduceOp.MAX, group=group)
+    passes = int(want.item())
+    t0 = time.perf_counter()
+    for _ in range(passes):
+        fn()
+    return (time.perf_counter() - t0) / passes
+
+
 def _collective(name: str, elements: int, dt: torch.dtype, n: int, group, algorithm: str):
     """A call of `name` on fresh zero buffers, sized as `predict.calls` counts it."""
     if name == "all_reduce":
@@ -247,7 +265,7 @@ class Prober:
         extra = {}
         if self.tp_pass is not None:         # the tp groups' layers at once, their peers in step
             dist.barrier(everyone)
-            extra["tp_layer_comm_s"] = _pass_seconds(self.tp_pass, TP_REPS) - self.work / rate
+            extra["tp_layer_comm_s"] = _agreed_pass_seconds(self.tp_pass, TP_REPS, everyone) - self.work / rate
         alone = self._straggler_alone(everyone)
         if alone is not None:
             extra["alone_flops"] = alone
