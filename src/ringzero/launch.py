@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from ringzero import allocator, rank_io, rank_ipc, torchrun_job, watchdog
 from ringzero.comm import flight_watch, link_emulator
+from ringzero.comm.transport import hosts, segment
 from ringzero.rank_io import in_torchrun  # noqa: F401  (part of this module's API)
 from ringzero.watchdog import Watchdog, WatchdogPolicy
 
@@ -73,6 +74,8 @@ class _Ties:
     parent-death signal follows the thread, not the process); else the rank polls the parent."""
     links: object = None
     """The ranks' incoming-link clocks for the link emulator (`comm.link_emulator.share_ingress`)."""
+    shm_token: str | None = None
+    """The job's shared-memory token (`comm.transport.hosts`): the parent sweeps its names at the end."""
 
 
 def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float,
@@ -85,6 +88,8 @@ def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float,
             watchdog.install(ties.beacons, rank)
     if ties is not None and ties.links is not None:
         link_emulator.share_ingress(ties.links)
+    if ties is not None and ties.shm_token:
+        os.environ[hosts.ENV_TOKEN] = ties.shm_token
     allocator.tune()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"] = str(rank), str(world), str(rank)
@@ -181,7 +186,8 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
     with tempfile.TemporaryDirectory(prefix="ringzero-ranks-") as logs:
         paths = [os.path.join(logs, f"rank{r}.stderr") for r in range(nproc)]
         links = rank_ipc.LockedArray(ctx, nproc)
-        ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None, _on_main_thread(), links)
+        token = hosts.new_token()
+        ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None, _on_main_thread(), links, token)
                 for r in range(nproc)]
         procs = [ctx.Process(target=_worker, daemon=True,
                              args=(r, nproc, port, threads, timeout, fn, args, results.sender(r), ties[r]))
@@ -195,6 +201,7 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
             return collect(procs, results, nproc, timeout, watchdog=dog, tails=forwarder.tail, store=store)
         finally:
             stop_all(procs)
+            segment.sweep(token)          # names a rank made but no peer opened before the end
             results.close()
             forwarder.close()
             del store
@@ -238,7 +245,9 @@ def collect(procs, results, nproc: int, timeout: float, ranks=None, watchdog: Wa
     return [out[r] for r in ranks]
 
 
-_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+              "exited during a shared-memory transfer", "exited before its shared-memory channel")
+"""What a rank says when a peer is gone: gloo's lost connections, the shared-memory transport's."""
 
 
 def _root_cause(procs, results, ranks, out, rank, value, grace: float = 1.0):

@@ -19,6 +19,7 @@ import traceback
 import torch.distributed as dist
 
 from ringzero import launch, rank_ipc
+from ringzero.comm.transport import hosts, segment
 
 
 def _serve(rank, nproc, port, threads, timeout_s, tasks, results, ties=None) -> None:
@@ -56,11 +57,12 @@ class RankPool:
         self._results = rank_ipc.Results(ctx, self.nproc)      # nothing a SIGKILL would leak
         self._tasks = [rank_ipc.Inbox(ctx) for _ in range(self.nproc)]
         links = rank_ipc.LockedArray(ctx, self.nproc)
+        self._token = hosts.new_token()
         self._procs = [ctx.Process(target=_serve, daemon=True,
                                    args=(r, self.nproc, port, self.threads, self.timeout,
                                          self._tasks[r], self._results.sender(r),
                                          launch._Ties(os.getpid(), parent_thread_lasts=launch._on_main_thread(),
-                                                      links=links)))
+                                                      links=links, shm_token=self._token)))
                        for r in range(self.nproc)]
         for p in self._procs:
             p.start()
@@ -106,6 +108,8 @@ class RankPool:
             except Exception:
                 pass
         launch.stop_all(self._procs)
+        if getattr(self, "_token", None):
+            segment.sweep(self._token)
         for c in [getattr(self, "_results", None), *getattr(self, "_tasks", [])]:
             if c is not None:
                 c.close()

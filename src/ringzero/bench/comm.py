@@ -29,6 +29,8 @@ import torch
 from ringzero import launch, outputs
 from ringzero.errors import usage
 from ringzero.comm import cost, registry
+from ringzero.comm.config import TRANSPORTS
+from ringzero.comm.transport import preflight
 from ringzero.comm.ops import SUPPORTED_DTYPES
 from ringzero.plan.comm import links
 from ringzero.plan.comm.volume import bus_factor, call_for
@@ -154,9 +156,13 @@ def build_job(args) -> Job:
             raise ValueError(f"size {small[0]} B holds no {args.dtype} element per rank for {c} "
                              f"on {max(worlds)} ranks")
     gbps, latency = _check_emulation(args, worlds, cases) or (None, 0.0)
+    transport, note = preflight.transport_for(args.transport, worlds, launch.in_torchrun())
+    if note:
+        print(note, file=sys.stderr)
     return Job(worlds=tuple(sorted(set(worlds))), cases=cases, sizes=sizes, dtype=args.dtype,
                iters=args.iters, warmup=args.warmup, ranks_per_node=args.ranks_per_node,
-               every_algorithm=not args.algorithm, inter_node_gbps=gbps, inter_node_latency_us=latency)
+               every_algorithm=not args.algorithm, inter_node_gbps=gbps, inter_node_latency_us=latency,
+               transport=transport)
 
 
 def add_arguments(parser) -> None:
@@ -176,6 +182,9 @@ def add_arguments(parser) -> None:
       help="join the --ranks-per-node nodes by an emulated link of GBPS GB/s and LATENCY_US µs per "
            "message (default 0): messages between nodes wait for it; rows gain the cross-node bytes "
            "and the α-β prediction of the emulated time")
+    a("--transport", default="auto", choices=TRANSPORTS,
+      help="how ringzero's messages travel: auto (shared memory between ranks of this host), shm, or gloo "
+           "(default auto); the backend's own collectives (--compare) always take the backend")
     a("--compare", action="store_true", help="add the backend's own collective as algorithm 'torch'")
     a("--json", action="store_true", help="print machine-readable JSON instead of a table")
     a("--plot", metavar="FILE.png", help="write busbw vs size to this figure (.png, .svg, .pdf: any format "

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm
+from ringzero.comm import transport
 from ringzero.plan.comm.algorithms import spans_nodes_ok
 from ringzero.plan.comm.chunks import chunk_sizes
 
@@ -61,6 +62,8 @@ class Job:
     """Emulated inter-node link between nodes of `ranks_per_node` ranks, GB/s (None: none)."""
     inter_node_latency_us: float = 0.0
     """Its latency per message, µs."""
+    transport: str = "auto"
+    """How ringzero's messages travel (`comm.transport`)."""
 
 
 def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
@@ -210,7 +213,8 @@ def measure_cell(group, collective: str, algorithms, count: int, job: Job) -> li
         rows.append({"collective": collective, "algorithm": a, "world": cell.n, "count": count,
                      "itemsize": itemsize, "dtype": job.dtype, "size": count * itemsize,
                      "ranks_per_node": job.ranks_per_node, "time_us": statistics.median(times) * 1e6,
-                     "reps_us": [t * 1e6 for t in times], "inner": inner[i], "wrong": int(wrong[i])})
+                     "reps_us": [t * 1e6 for t in times], "inner": inner[i], "wrong": int(wrong[i]),
+                     "transport": str(dist.get_backend(group)) if a == "torch" else transport.in_use(group)})
         if cross is not None:
             rows[-1]["cross_node_bytes"] = int(cross[i])
     return rows
@@ -223,7 +227,8 @@ def rank_main(job: Job) -> list[dict] | None:
     groups = {w: dist.new_group(list(range(w))) if w < world else dist.group.WORLD for w in job.worlds}
     itemsize = torch.empty((), dtype=getattr(torch, job.dtype)).element_size()
     rows: list[dict] = []
-    with comm.configure(checks=False, ranks_per_node=job.ranks_per_node, inter_node_gbps=job.inter_node_gbps,
+    with comm.configure(checks=False, transport=job.transport, ranks_per_node=job.ranks_per_node,
+                        inter_node_gbps=job.inter_node_gbps,
                         inter_node_latency_us=job.inter_node_latency_us):
         for w in job.worlds:
             if rank < w:

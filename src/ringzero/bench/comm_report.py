@@ -36,11 +36,12 @@ def print_table(rows: list[dict], console: Console | None = None) -> None:
         t = Table(title=f"{collective} on {world} ranks (bandwidths in GB/s)", title_justify="left",
                   box=box.SIMPLE_HEAD, caption=EMULATION_CAPTION if emulated else None,
                   caption_justify="left")
-        for name in ("size (B)", "count", "type", "algorithm", "time (µs)", "algbw", "busbw", "#wrong",
-                     *extra):
-            t.add_column(name, justify="left" if name in ("type", "algorithm") else "right", no_wrap=True)
+        for name in ("size (B)", "count", "type", "algorithm", "transport", "time (µs)", "algbw", "busbw",
+                     "#wrong", *extra):
+            t.add_column(name, justify="left" if name in ("type", "algorithm", "transport") else "right",
+                         no_wrap=True)
         for r in sorted(rs, key=lambda r: r["size"]):
-            cells = [str(r["size"]), str(r["count"]), r["dtype"], r["algorithm"],
+            cells = [str(r["size"]), str(r["count"]), r["dtype"], r["algorithm"], r.get("transport", "-"),
                      f"{r['time_us']:.1f}", f"{r['algbw']:.3f}", f"{r['busbw']:.3f}", str(r["wrong"])]
             if emulated:
                 predicted = r.get("emulated_us")

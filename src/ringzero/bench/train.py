@@ -18,15 +18,14 @@ The targets, each printed with its ratio and whether it is met:
   activations: full saves >= 80 % of the activation bytes at <= 35 % extra step time, selective
   saves >= 50 % at <= 5 %.
 
-The default recomputation shape (2 layers, h = 1536, 96 heads of 16, s = 384, batch 1) keeps the
-ratios that make selective recomputation pay at GPT-3 scale (Korthikanti et al. 2022 §4.2): the
-a·s² tensors are large against the rest (a·s/h = 24, here 60 % of a block's fp32 activations) while
-the attention core's FLOPs are small against the block's (s/6h = 4 %; GPT-3: a·s/h = 16, s/6h = 3 %).
-Recomputing the core costs memory traffic, not FLOPs (it writes the scores and reads and writes
-the softmax: ~3 s x s passes), so its share of the step falls as 1/h at a fixed a·s/h: +6 % at
-h = 768, +3 % at h = 1536 on this CPU (`ringzero bench train --nproc 2 --suites recompute
---rc-hidden 768 --rc-heads 48`, and the defaults). A narrow model with long sequences (h = 64,
-s = 512) has the memory but not the FLOP ratio: there the core is most of the compute and
+The default recomputation shape (2 layers, h = 1536, 96 heads of 16, s = 384, batch 1) keeps the ratios that
+make selective recomputation pay at GPT-3 scale (Korthikanti et al. 2022 §4.2): the a·s² tensors are large
+against the rest (a·s/h = 24, here 60 % of a block's fp32 activations) while the attention core's FLOPs are
+small against the block's (s/6h = 4 %; GPT-3: a·s/h = 16, s/6h = 3 %). Recomputing the core costs memory
+traffic, not FLOPs (it writes the scores and reads and writes the softmax: ~3 s x s passes), so its share of
+the step falls as 1/h at a fixed a·s/h: +6 % at h = 768, +3 % at h = 1536 on this CPU (`ringzero bench train
+--nproc 2 --suites recompute --rc-hidden 768 --rc-heads 48`, and the defaults). A narrow model with long
+sequences (h = 64, s = 512) has the memory but not the FLOP ratio: there the core is most of the compute and
 recomputing it costs +20 % (`--rc-hidden 64 --rc-heads 4 --rc-seq 512`).
 """
 
@@ -36,6 +35,8 @@ import dataclasses
 import json
 import statistics
 
+from ringzero.comm.config import TRANSPORTS
+from ringzero.comm.transport.preflight import transport_for
 from ringzero.plan.model.activations import head_bytes, layer_bytes, layer_terms
 from ringzero.plan.model.shapes import ModelShape
 from ringzero.run.config import TrainConfig
@@ -55,16 +56,14 @@ TARGETS = {
     "selective_saved": ("selective recompute: activation bytes saved", 0.50, ">="),
     "selective_extra_time": ("selective recompute: extra step time", 0.05, "<="),
 }
-TP_TARGETS = {"tp_time_vs_torch_tp": ("ringzero tp step time / torch parallelize_module", 1.00, "<=")}
-"""Added when `--tp` asks for the tensor-parallel comparison."""
+TP_TARGETS = {"tp_time_vs_torch_tp": ("ringzero tp step time / torch parallelize_module", 1.00, "<=")}  # with --tp
 PP_TARGETS = {f"pp_{s}_time_vs_torch": (f"ringzero {s} step time / torch.distributed.pipelining", 1.00, "<=")
-              for s in PP_SCHEDULES}
-"""Added when `--pp` asks for the pipeline comparison."""
+              for s in PP_SCHEDULES}                    # added when `--pp` asks for the pipeline comparison
 
 
 def add_arguments(parser) -> None:
     a = parser.add_argument
-    a("--nproc", type=int, default=2, help="local gloo ranks (default 2)")
+    a("--nproc", type=int, default=2, help="local ranks (default 2)")
     a("--model", default="micro", help="model preset for dp/zero3 (default micro: 6 x 256, 4.8M params)")
     a("--seq", type=int, default=64, help="sequence length (default 64)")
     a("--micro-batch", type=int, default=2, help="sequences per rank per step (default 2)")
@@ -100,6 +99,7 @@ def add_arguments(parser) -> None:
     a("--ranks-per-node", type=int, help="with --zeropp: emulate nodes of this many ranks")
     a("--emulate-inter-node", metavar="GBPS[,LATENCY_US]",
       help="with --zeropp: delay cross-node messages as a link of this bandwidth and latency would")
+    a("--transport", default="auto", choices=TRANSPORTS, help="ringzero's messages: auto (default), shm or gloo")
     a("--json", metavar="FILE", help="also write the results as JSON to FILE")
     a("--timeout", type=float, default=1800.0, help="seconds before every rank is stopped")
 
@@ -125,7 +125,7 @@ def build_job(args):
         raise ValueError(f"--steps (>= 2) and --rc-steps must exceed --skip ({args.skip} >= 0)")
     cfg = TrainConfig(model=args.model, seq=args.seq, micro_batch=args.micro_batch, steps=args.steps,
                       bucket_mb=args.bucket_mb, comm_algorithm=args.algorithm, max_bytes=2**20, lr=args.lr,
-                      warmup=min(10, args.steps))
+                      warmup=min(10, args.steps), transport=transport_for(args.transport, [args.nproc], False)[0])
     if args.tp > 1:
         dataclasses.replace(cfg, tp=args.tp)             # the split must exist: one line if it cannot
         suites += ("tp",)

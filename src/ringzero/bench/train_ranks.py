@@ -41,6 +41,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ringzero import comm
 from ringzero.parallel.topology import Topology
 from ringzero.run.config import TrainConfig
 from ringzero.train.data import ByteData, load_bytes
@@ -254,7 +255,8 @@ def _training(job: Job) -> dict:
 
 def rank_main(job: Job) -> dict:
     """Runs on every rank; returns this rank's measurements (plain data)."""
-    out = _training(job)
+    with comm.configure(transport=job.cfg.parallel.transport):
+        out = _training(job)
     if "recompute" in job.suites:
         if dist.get_rank() == 0:
             out["recompute"] = recompute(job)

@@ -17,6 +17,15 @@ from dataclasses import dataclass
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
+TRANSPORTS = ("auto", "shm", "gloo")
+"""Point-to-point transports (`comm.transport`): auto (shared memory between ranks of one host, the
+backend between hosts), shm (shared memory only), gloo (the backend's point-to-point)."""
+
+
+def _transport_from_env() -> str:
+    return os.environ.get("RINGZERO_TRANSPORT", "").strip().lower() or "auto"
+
+
 def _checks_from_env() -> bool:
     """RINGZERO_CHECKS when set, else whether TORCH_DISTRIBUTED_DEBUG is DETAIL."""
     value = os.environ.get("RINGZERO_CHECKS", "").strip().lower()
@@ -61,7 +70,15 @@ class CommConfig:
     """Latency of each message on the emulated inter-node link, in µs (the α of the α-β model);
     used only with `inter_node_gbps`."""
 
+    transport: str = dataclasses.field(default_factory=_transport_from_env)
+    """How ringzero's point-to-point messages travel (`comm.transport`): "auto" (shared memory
+    between ranks of one host, the backend's between hosts), "shm" (shared memory; a pair on two
+    hosts is an error), "gloo" (the backend's point-to-point everywhere). CUDA tensors under NCCL
+    always take NCCL. Default: RINGZERO_TRANSPORT, else auto."""
+
     def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
         g = self.inter_node_gbps

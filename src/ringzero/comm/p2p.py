@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ringzero.comm import link_emulator
+from ringzero.comm import link_emulator, transport
 from ringzero.comm.config import get_config
 from ringzero.comm.meter import active_entries, add
 from ringzero.comm.ops import Op, reducer
@@ -41,7 +41,9 @@ ARENA_MAX_BYTES = 64 << 20
 
 
 class Pending:
-    """Posted messages; `wait()` blocks until all have completed."""
+    """Posted messages; `wait()` blocks until all have completed, receives first: over shared
+    memory a receive moves its data only while it is waited for (`comm.transport.channel`), so two
+    ranks that each waited for a send the other must first drain would wait for ever."""
 
     __slots__ = ("_works",)
 
@@ -69,8 +71,10 @@ class TorchComm:
         self._global = dist.get_process_group_ranks(group) if group is not None else None
         # Gloo point-to-point goes straight to the group's ProcessGroup, which takes group ranks:
         # `dist.isend`'s argument checks and rank translation cost more than the call itself.
-        self._pg = group if group is not None else dist.group.WORLD
         self._batched = dist.get_backend(group) == "nccl"
+        self._pg = group if group is not None else dist.group.WORLD
+        if not self._batched:       # shared memory between ranks of one host (`comm.transport`)
+            self._pg = transport.p2p(self._pg, device)
         self.async_p2p = not self._batched  # see ring.py: NCCL serialises separate p2p calls
         self._meters = active_entries(key)
         self._arena_used = 0
@@ -132,7 +136,7 @@ class TorchComm:
             return Pending(dist.batch_isend_irecv(ops))
         works = [self._pg.send([b], self._check(p), 0) for p, b in sends]
         works += [self._pg.recv([b], self._check(p), 0) for p, b in recvs]
-        return Pending(works)
+        return Pending(works[len(sends):] + works[:len(sends)])
 
     def _exchange_emulated(self, sends, recvs) -> Pending:
         """`exchange` under the link emulator: intra-node sends and every receive are posted at
@@ -149,7 +153,7 @@ class TorchComm:
             ops += [dist.P2POp(dist.irecv, b, self._peer(p), group=self.group) for p, b in recvs]
             return Pending(dist.batch_isend_irecv(ops))
         works = [self._pg.send([b], p, 0) for p, b in near]
-        works += [self._pg.recv([b], self._check(p), 0) for p, b in recvs]
+        works = [self._pg.recv([b], self._check(p), 0) for p, b in recvs] + works
         works += [link_emulator.send_later(self._link, b.numel() * self.itemsize,
                                            lambda p=p, b=b: self._pg.send([b], p, 0), self._peer(p))
                   for p, b in far]
@@ -168,6 +172,17 @@ class TorchComm:
         """Post one non-empty receive on an async backend; returns a handle with `wait()`."""
         self._count((), ((peer, buf),), new_round)
         return self._pg.recv([buf], self._check(peer), 0)
+
+    def post_recv_reduce(self, peer: int, dst: torch.Tensor, scratch: torch.Tensor, new_round: bool = False):
+        """Post one non-empty receive whose message is reduced into `dst` when waited for:
+        `reduce(dst, message)`. Over shared memory straight from the channel's slots (`scratch`
+        unused); otherwise received into `scratch` (as long as `dst`) and then reduced."""
+        self._count((), ((peer, dst),), new_round)
+        fold = getattr(self._pg, "recv_reduce", None)
+        if fold is not None and self._pg.local(self._check(peer)):
+            add(self._meters, bytes_reduced=dst.numel() * self.itemsize)
+            return fold([dst], peer, 0, self._reduce)
+        return _ThenReduce(self._pg.recv([scratch], self._check(peer), 0), self, dst, scratch)
 
     @staticmethod
     def split(buf: torch.Tensor, sizes: list[int]):
@@ -201,6 +216,19 @@ class TorchComm:
             deltas["cross_node_bytes_sent"] = sum(b.numel() for p, b in sends if cross[p]) * k
             deltas["cross_node_bytes_recv"] = sum(b.numel() for p, b in recvs if cross[p]) * k
         add(self._meters, **deltas)
+
+
+class _ThenReduce:
+    """A receive into scratch, reduced into its destination once it has arrived."""
+
+    __slots__ = ("work", "comm", "dst", "scratch")
+
+    def __init__(self, work, comm: TorchComm, dst: torch.Tensor, scratch: torch.Tensor) -> None:
+        self.work, self.comm, self.dst, self.scratch = work, comm, dst, scratch
+
+    def wait(self) -> None:
+        self.work.wait()
+        self.comm.reduce(self.dst, self.scratch)
 
 
 def cross_flags(ranks: Sequence[int], rank: int, ranks_per_node: int | None) -> tuple[bool, ...] | None:

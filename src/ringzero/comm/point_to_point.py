@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from ringzero.comm import kinds, link_emulator, timeline
+from ringzero.comm import kinds, link_emulator, timeline, transport
 from ringzero.comm.config import get_config
 from ringzero.comm.meter import active_entries, add
 from ringzero.comm.p2p import cross_flags
@@ -44,9 +44,11 @@ KEY = "send_recv/p2p"
 
 
 def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[int, torch.Tensor]] = (),
-         group=None, tag: int = 0, key: str = KEY) -> tuple[list[Handle], list[Handle]]:
+         group=None, tag: int = 0, key: str = KEY, backend: bool = False) -> tuple[list[Handle], list[Handle]]:
     """Post `sends` and `recvs` [(group peer, contiguous tensor)] at once; returns (send handles,
-    receive handles), each with `wait()`. `key`: the meter's entry the bytes count under."""
+    receive handles), each with `wait()`. `key`: the meter's entry the bytes count under;
+    `backend`: through the backend's point-to-point whatever the transport (messages a `recv_any`
+    will take, which only the backend has)."""
     for _, t in (*sends, *recvs):
         if not t.is_contiguous():
             raise ValueError("point-to-point tensors must be contiguous")
@@ -60,13 +62,13 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
     link = link_emulator.link_for(cfg)
     cross = _cross(group, me, n, cfg.world_node_size()) if meters or rec or link is not None else None
     _count(meters + ([rec.counts] if rec else []), sends, recvs, cross)
-    works, received = _post(sends, recvs, group, tag, link, cross)
+    works, received = _post(sends, recvs, group, tag, link, cross, backend)
     if rec is None:
         return works, received
     return [_Tracked(w, rec) for w in works], [_Tracked(w, rec) for w in received]
 
 
-def _post(sends, recvs, group, tag: int, link, cross) -> tuple[list[Handle], list[Handle]]:
+def _post(sends, recvs, group, tag: int, link, cross, backend: bool = False) -> tuple[list[Handle], list[Handle]]:
     far = [] if link is None or cross is None else [(p, t) for p, t in sends if cross[p]]
     if far:
         sends = [(p, t) for p, t in sends if not cross[p]]
@@ -78,7 +80,8 @@ def _post(sends, recvs, group, tag: int, link, cross) -> tuple[list[Handle], lis
         ops += [dist.P2POp(dist.irecv, t, glob(group, p), group=group, tag=tag) for p, t in recvs]
         # One NCCL group: its handles complete together, so all of them are the receives' to wait on.
         return [], dist.batch_isend_irecv(ops) if ops else []
-    pg = group if group is not None else dist.group.WORLD
+    device = (sends or recvs)[0][1].device if (sends or recvs) else None
+    pg = (group if group is not None else dist.group.WORLD) if backend else transport.p2p(group, device)
     works = [pg.send([t], p, tag) for p, t in sends]
     received = [pg.recv([t], p, tag) for p, t in recvs]
     works += [link_emulator.send_later(link, _nbytes(t), lambda p=p, t=t: pg.send([t], p, tag), glob(group, p))

@@ -99,3 +99,8 @@ class AsyncComm(Comm, Protocol):
 
     def post_recv(self, peer: int, buf: Buffer, new_round: bool = False) -> Handle:
         """Post one non-empty receive from `peer` into `buf`; `new_round` as in `exchange`."""
+
+    def post_recv_reduce(self, peer: int, dst: Buffer, scratch: Buffer, new_round: bool = False) -> Handle:
+        """Post one non-empty receive from `peer` whose message `wait()` reduces into `dst`
+        (`reduce(dst, message)`); `scratch`, as long as `dst`, is where it may land first (a
+        transport that can reduce straight from its own buffers leaves it untouched)."""

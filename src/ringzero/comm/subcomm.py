@@ -55,12 +55,15 @@ class SubComm:
                  new_round: bool = True) -> None:
         self.exchange(sends, recvs, new_round).wait()
 
-    # post_send, post_recv and split are called only when async_p2p, i.e. on an AsyncComm parent.
+    # post_send, post_recv(_reduce) and split are called only when async_p2p, i.e. on an AsyncComm parent.
     def post_send(self, peer: int, buf: Buffer, new_round: bool = False) -> Handle:
         return self.parent.post_send(self.members[peer], buf, new_round=new_round)
 
     def post_recv(self, peer: int, buf: Buffer, new_round: bool = False) -> Handle:
         return self.parent.post_recv(self.members[peer], buf, new_round=new_round)
+
+    def post_recv_reduce(self, peer: int, dst: Buffer, scratch: Buffer, new_round: bool = False) -> Handle:
+        return self.parent.post_recv_reduce(self.members[peer], dst, scratch, new_round=new_round)
 
     def split(self, buf: Buffer, sizes: Sequence[int]) -> Sequence[Buffer]:
         return self.parent.split(buf, sizes)

@@ -34,7 +34,7 @@ from ringzero.commands.train_layout import auto_layout, layout_why
 FIELDS = {name: f for name, (_, f) in flat_fields().items()}
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
          "micro_batch", "grad_accum", "lr", "warmup", "weight_decay", "clip", "bucket_mb",
-         "comm_algorithm", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
+         "comm_algorithm", "transport", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
          "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits", "prefetch",
          "offload_optimizer", "offload_params", "nvme_path", "offload_buffers", "servers", "ps_mode",
          "staleness", "save_dir", "save_every", "keep", "init_from", "max_nonfinite", "max_restarts",
@@ -173,8 +173,24 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     for line in preflight(train_restarts.torchrun_attempt(cfg, torchrun), world):
         if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
             print(line, file=sys.stderr, flush=True)
+    cfg = _transport(cfg, world, torchrun, args.quiet)    # last: its note only for a run that starts
     return Job(cfg, world, watch)
 
+
+
+def _transport(cfg: TrainConfig, world: int, torchrun: bool, quiet: bool) -> TrainConfig:
+    """The transport the ranks will use: --transport, unless auto must fall back to gloo (a
+    /dev/shm too small for the channels, said on stderr); one line and exit 2 if shm cannot run."""
+    from ringzero.comm.transport.preflight import grid_groups, transport_for
+    if cfg.kind is RunKind.PARAMETER_SERVER:
+        sizes = [world]
+    else:
+        pl = cfg.placement(world)
+        sizes = grid_groups(world, pl.dp, pl.tp, pl.pp)
+    chosen, note = transport_for(cfg.parallel.transport, sizes, torchrun)
+    if note and not quiet:
+        print(note, file=sys.stderr, flush=True)
+    return cfg if chosen == cfg.parallel.transport else dataclasses.replace(cfg, transport=chosen)
 
 
 def _offload_resources(cfg: TrainConfig, world: int, quiet: bool) -> None:

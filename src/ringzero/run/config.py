@@ -40,7 +40,7 @@ from ringzero.run.gpt_shape import ATTENTIONS
 from ringzero.run.kind import RunKind
 from ringzero.run.model_options import TRAINABLE, ModelConfig
 from ringzero.run.optim_options import OptimConfig
-from ringzero.run.parallel_options import ALGORITHMS, STRATEGIES, ParallelConfig
+from ringzero.run.parallel_options import ALGORITHMS, STRATEGIES, TRANSPORTS, ParallelConfig
 from ringzero.run.ps_options import ServerConfig
 from ringzero.run.trace_options import TraceConfig
 from ringzero.run.training_options import TrainingConfig
@@ -68,7 +68,8 @@ def choices() -> dict[str, tuple[str, ...]]:
     return {"strategy": STRATEGIES, "schedule": pipeline.SCHEDULES, "precision": PRECISIONS,
             "recompute": RECOMPUTES, "attention": ATTENTIONS, "comm_algorithm": ALGORITHMS,
             "offload_optimizer": zero_options.OFFLOADS, "offload_params": zero_options.OFFLOADS,
-            "ps_mode": ps_options.MODES, "model": TRAINABLE, "compress": compress_options.SCHEMES}
+            "ps_mode": ps_options.MODES, "model": TRAINABLE, "compress": compress_options.SCHEMES,
+            "transport": TRANSPORTS}
 
 
 @dataclass(frozen=True, init=False)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from ringzero.comm import registry
+from ringzero.comm.config import TRANSPORTS
 from ringzero.plan.pipeline import schedule as pipeline
 from ringzero.plan.placement import Placement
 from ringzero.plan.strategies import sharding
@@ -48,11 +49,15 @@ class ParallelConfig:
     emulate_inter_node: tuple[float, float] | None = None
     """(GB/s, latency µs) of an emulated inter-node link: every cross-node message is delayed so
     (`comm.link_emulator`); None: no delay."""
+    transport: str = "auto"
+    """How ringzero's messages travel between ranks: auto (shared memory on one host, the backend
+    between hosts), shm or gloo (`comm.transport`)."""
 
     def __post_init__(self) -> None:
         choice(self, "strategy", STRATEGIES)
         choice(self, "schedule", pipeline.SCHEDULES)
         choice(self, "comm_algorithm", ALGORITHMS)
+        choice(self, "transport", TRANSPORTS)
         check(self, "bucket_mb", lambda v: math.isfinite(v) and v > 0, "must be > 0")
         for name in ("tp", "pp", "virtual_stages"):
             check(self, name, lambda v: v >= 1, "must be >= 1", integer=True)

@@ -100,9 +100,10 @@ def zeropp(cfg, world: int) -> ZeroPP | None:
 
 
 def comm_settings(cfg) -> dict:
-    """`ringzero.comm.configure` keywords for the run's nodes and emulated link."""
+    """`ringzero.comm.configure` keywords for the run's nodes, emulated link and transport."""
     p = cfg.parallel
     out = {"ranks_per_node": p.ranks_per_node} if p.ranks_per_node is not None else {}
+    out["transport"] = p.transport
     if p.emulate_inter_node is not None:
         out.update(inter_node_gbps=p.emulate_inter_node[0], inter_node_latency_us=p.emulate_inter_node[1])
     return out

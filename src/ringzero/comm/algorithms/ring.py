@@ -78,7 +78,8 @@ def _plan(n: int, r: int, bounds: tuple[int, ...], shift: int, seg: int) -> tupl
 
 
 def _drive(c: Comm, buf: Buffer, offsets: Sequence[Piece], units: Sequence[Unit], reduce: bool) -> None:
-    """Run one phase: receive (into scratch and reduce, or into place), forward when ready."""
+    """Run one phase: receive (reduced into place, through scratch where the transport needs it, or
+    copied into place), forward when ready."""
     if not c.async_p2p:
         return _lockstep(c, buf, offsets, units, reduce)
     c = cast(AsyncComm, c)  # async_p2p promises split, post_send and post_recv (`comm.protocol`)
@@ -102,18 +103,17 @@ def _drive(c: Comm, buf: Buffer, offsets: Sequence[Piece], units: Sequence[Unit]
             dst = pieces[rp]
             if reduce:
                 slot = slots[len(recvs) % len(slots)]
-                dst = slot if len(slot) == len(dst) else slot[: len(dst)]
-            recvs.append((c.post_recv(left, dst, new_round=first), dst))
+                recvs.append(c.post_recv_reduce(left, dst, slot if len(slot) == len(dst) else slot[: len(dst)],
+                                                new_round=first))
+                continue
+            recvs.append(c.post_recv(left, dst, new_round=first))
         while posted_send < nu and units[posted_send][3] <= done:
             _, sp, rp, _, first = units[posted_send]
             if sp >= 0:
                 sends.append(c.post_send(right, pieces[sp], new_round=first and rp < 0))
             posted_send += 1
         if recvs[i] is not None:
-            work, got = recvs[i]
-            work.wait()
-            if reduce:
-                c.reduce(pieces[units[i][2]], got)
+            recvs[i].wait()             # reduced into its piece by then, when `reduce`
         done = i
     for w in sends:
         w.wait()

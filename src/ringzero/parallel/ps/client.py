@@ -63,7 +63,8 @@ class PSClient:
             for b, a, z, off in self.cuts[i]:
                 self.push_buf[i][off:off + z - a].copy_(grads[b][a:z])
             self.headers[i].copy_(torch.tensor([PUSH, float(step), float(self.read[i]), sq], dtype=torch.float64))
-            sends += post(sends=[(server, self.headers[i])], group=self.group, tag=TAG_HEADER, key=CONTROL)[0]
+            sends += post(sends=[(server, self.headers[i])], group=self.group, tag=TAG_HEADER, key=CONTROL,
+                          backend=True)[0]
             sends += post(sends=[(server, self.push_buf[i])], group=self.group, tag=TAG_GRAD, key=PUSHED)[0]
             recvs += post(recvs=[(server, self.replies[i])], group=self.group, tag=TAG_REPLY, key=CONTROL)[1]
             recvs += post(recvs=[(server, self.pull_buf[i])], group=self.group, tag=TAG_PARAMS, key=PULLED)[1]
@@ -84,6 +85,7 @@ class PSClient:
         works = []
         for i, server in enumerate(self.servers):
             self.headers[i].copy_(torch.tensor([STOP, 0.0, 0.0, 0.0], dtype=torch.float64))
-            works += post(sends=[(server, self.headers[i])], group=self.group, tag=TAG_HEADER, key=CONTROL)[0]
+            works += post(sends=[(server, self.headers[i])], group=self.group, tag=TAG_HEADER, key=CONTROL,
+                          backend=True)[0]
         for w in works:
             w.wait()
