@@ -4,7 +4,9 @@
   (half the median round trip), on gloo's point-to-point and on shared memory.
 - All-reduce: ringzero's ring over shared memory (and over gloo) against gloo's built-in
   `all_reduce` (`torch.distributed.all_reduce`) at 4, 16 and 64 MiB, busbw (nccl-tests' 2(n-1)/n),
-  the median of `--reps` timed calls (each the slowest rank's), at 2 and 4 ranks.
+  at 2 and 4 ranks. As nccl-tests times them: a repetition is `INNER` calls back to back (the
+  slowest rank's time, divided), the peers alternate repetition by repetition so that the machine's
+  drift hits each alike, and the median of `--reps` repetitions is reported.
 - This machine's single-thread memcpy bandwidth (a 64 MiB torch copy on one thread), measured in the
   same run: the ring's busbw is set beside half of it.
 
@@ -26,6 +28,8 @@ from ringzero.comm.point_to_point import post
 
 SIZES = (4 << 20, 16 << 20, 64 << 20)
 PINGS = 2000
+INNER = {4 << 20: 20, 16 << 20: 10, 64 << 20: 5}
+"""Calls per timed repetition (nccl-tests times 20 back to back; fewer at the larger sizes)."""
 
 
 def memcpy_gbps(nbytes: int = 64 << 20, reps: int = 10) -> float:
@@ -74,11 +78,13 @@ def _allreduce(nbytes: int, reps: int) -> dict[str, float]:
             "gloo ring": lambda: comm.all_reduce(x, algorithm="ring"),
             "gloo all_reduce": lambda: dist.all_reduce(x)}
     out = {name: [] for name in runs}
+    inner = INNER.get(nbytes, 5)
     for _ in range(reps + 2):                  # alternated, so drift hits every peer alike
         for name, fn in runs.items():
             with comm.configure(transport="shm" if name.startswith("shm") else "gloo", checks=False):
+                fn()
                 dist.barrier()
-                out[name].append(_slowest(_timed(fn)))
+                out[name].append(_slowest(_timed(lambda: [fn() for _ in range(inner)])) / inner)
     return {name: statistics.median(ts[2:]) for name, ts in out.items()}
 
 

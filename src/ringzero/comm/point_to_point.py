@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Sequence
 
 import torch
@@ -52,7 +53,7 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
     for _, t in (*sends, *recvs):
         if not t.is_contiguous():
             raise ValueError("point-to-point tensors must be contiguous")
-    me, n = dist.get_rank(group), dist.get_world_size(group)
+    me, n, _ = _facts(group)
     for peer, _ in (*sends, *recvs):
         if not 0 <= peer < n or peer == me:
             raise ValueError(f"rank {me} addressed peer {peer} in a group of {n}")
@@ -61,11 +62,25 @@ def post(sends: Sequence[tuple[int, torch.Tensor]] = (), recvs: Sequence[tuple[i
     cfg = get_config()
     link = link_emulator.link_for(cfg)
     cross = _cross(group, me, n, cfg.world_node_size()) if meters or rec or link is not None else None
-    _count(meters + ([rec.counts] if rec else []), sends, recvs, cross)
+    if meters or rec:
+        _count(meters + ([rec.counts] if rec else []), sends, recvs, cross)
     works, received = _post(sends, recvs, group, tag, link, cross, backend)
     if rec is None:
         return works, received
     return [_Tracked(w, rec) for w in works], [_Tracked(w, rec) for w in received]
+
+
+_FACTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _facts(group) -> tuple[int, int, bool]:
+    """(this rank, size, NCCL?) of `group`, read once per group: a pipeline posts thousands of
+    messages a step, and torch's lookups cost more than a shared-memory hand-off."""
+    pg = group if group is not None else dist.group.WORLD
+    got = _FACTS.get(pg)
+    if got is None:
+        got = _FACTS[pg] = (dist.get_rank(group), dist.get_world_size(group), dist.get_backend(group) == "nccl")
+    return got
 
 
 def _post(sends, recvs, group, tag: int, link, cross, backend: bool = False) -> tuple[list[Handle], list[Handle]]:
@@ -73,14 +88,15 @@ def _post(sends, recvs, group, tag: int, link, cross, backend: bool = False) -> 
     if far:
         sends = [(p, t) for p, t in sends if not cross[p]]
     glob = dist.get_global_rank if group is not None else (lambda g, r: r)
-    if dist.get_backend(group) == "nccl":
+    if _facts(group)[2]:
         for p, t in far:  # one NCCL group: hold it until the last inter-node message has arrived
             link_emulator.transmit(link, _nbytes(t), glob(group, p))
         ops = [dist.P2POp(dist.isend, t, glob(group, p), group=group, tag=tag) for p, t in [*sends, *far]]
         ops += [dist.P2POp(dist.irecv, t, glob(group, p), group=group, tag=tag) for p, t in recvs]
         # One NCCL group: its handles complete together, so all of them are the receives' to wait on.
         return [], dist.batch_isend_irecv(ops) if ops else []
-    device = (sends or recvs)[0][1].device if (sends or recvs) else None
+    first = (sends or recvs)[0][1] if (sends or recvs) else None
+    device = first.device if first is not None and first.is_cuda else None
     pg = (group if group is not None else dist.group.WORLD) if backend else transport.p2p(group, device)
     works = [pg.send([t], p, tag) for p, t in sends]
     received = [pg.recv([t], p, tag) for p, t in recvs]

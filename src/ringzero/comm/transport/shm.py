@@ -140,9 +140,12 @@ class ShmGroup:
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """`t`'s bytes as a 1-D uint8 view (the algorithms' buffers are contiguous)."""
-    if not t.is_contiguous():
+    if t.dim() == 1 and t.stride(0) == 1:
+        flat = t
+    elif t.is_contiguous():
+        flat = t.reshape(-1)
+        if flat.stride(0) != 1:         # one element of a strided view: contiguous, any stride
+            flat = flat.as_strided(flat.shape, (1,))
+    else:
         raise ValueError("shared-memory messages must be contiguous tensors")
-    flat = t.reshape(-1)
-    if flat.stride(0) != 1:             # one element of a strided view: contiguous, any stride
-        flat = flat.as_strided(flat.shape, (1,))
     return flat.view(torch.uint8) if flat.dtype != torch.uint8 else flat
