@@ -8,6 +8,7 @@ import signal
 import torch
 
 from ringzero.comm.transport import channel, layout, segment
+from ringzero.comm.transport.outbound import Outbound
 
 
 def sender(seg: str, receiver_pid: int, messages: list[tuple[int, int, int]], die: bool = False) -> None:
@@ -15,7 +16,7 @@ def sender(seg: str, receiver_pid: int, messages: list[tuple[int, int, int]], di
     itself after the first message instead."""
     mm = segment.create(seg, layout.segment_bytes(),
                         lambda m: channel.init_header(m, layout.SLOTS, layout.SLOT_BYTES, os.getpid()))
-    out = channel.Outbound(channel.ring(mm, "rank 1", receiver_pid, 30.0))
+    out = Outbound(channel.ring(mm, "rank 1", receiver_pid, 30.0))
     works = []
     for i, (tag, n, seed) in enumerate(messages):
         g = torch.Generator().manual_seed(seed)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from ringzero.comm.transport import channel, hosts, layout, segment
+from ringzero.comm.transport.inbound import Inbound
 from shm_peer import sender
 
 SLOT = layout.SLOT_BYTES
@@ -28,7 +29,7 @@ def _expected(n: int, seed: int) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
 
 
-def _receiver(seg: str, pid: int) -> channel.Inbound:
+def _receiver(seg: str, pid: int) -> Inbound:
     def attach():
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -38,7 +39,7 @@ def _receiver(seg: str, pid: int) -> channel.Inbound:
                 return channel.ring(mm, "rank 0", pid, 30.0)
             time.sleep(0.001)
         raise AssertionError("no segment")
-    return channel.Inbound(attach)
+    return Inbound(attach)
 
 
 def _start(messages, die=False):

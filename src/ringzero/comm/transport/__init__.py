@@ -7,7 +7,8 @@
 - `segment`: /dev/shm segments made private (0600, O_EXCL), checked, unlinked once both ends hold
   them, swept if a job died before that.
 - `sem`: process-shared semaphores in a segment; spin briefly with sched_yield, then block.
-- `channel`: one direction between two ranks, a single-producer single-consumer ring of slots.
+- `channel`: one direction between two ranks, a single-producer single-consumer ring of slots;
+  `outbound` and `inbound` its two ends.
 - `shm`: a group's `send`/`recv` over those channels, in a gloo ProcessGroup's shape.
 - `route`: `p2p` and `in_use` below; `layout`: a segment's bytes; `preflight`: checks before ranks start.
 

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from ringzero.comm.transport import channel, hosts, layout, segment
+from ringzero.comm.transport.inbound import Inbound
+from ringzero.comm.transport.outbound import Outbound
 
 ATTACH_TIMEOUT_S = 60.0
 """How long a receiver waits for its sender's segment to appear (the sender may still be busy)."""
@@ -51,8 +53,8 @@ class ShmGroup:
         self.gid = hashlib.sha1(str(pg.group_name).encode()).hexdigest()[:8]
         self.timeout_s = _timeout_s(pg)
         self._local: dict[int, bool] = {}
-        self._out: dict[int, channel.Outbound] = {}
-        self._in: dict[int, channel.Inbound] = {}
+        self._out: dict[int, Outbound] = {}
+        self._in: dict[int, Inbound] = {}
         self._lock = threading.Lock()
 
     def local(self, peer: int) -> bool:
@@ -92,7 +94,7 @@ class ShmGroup:
     def _name(self, src: int, dst: int, creator_pid: int) -> str:
         return segment.name(hosts.token(), creator_pid, self.gid, self.ranks[src], self.ranks[dst])
 
-    def _outbound(self, peer: int) -> channel.Outbound:
+    def _outbound(self, peer: int) -> Outbound:
         out = self._out.get(peer)
         if out is None:
             with self._lock:
@@ -103,19 +105,19 @@ class ShmGroup:
                                         lambda m: channel.init_header(m, layout.SLOTS, layout.SLOT_BYTES,
                                                                       os.getpid()))
                     _, pid = hosts.peer(self.ranks[peer])
-                    out = self._out[peer] = channel.outbound(mm, f"rank {self.ranks[peer]}", pid, self.timeout_s)
+                    out = self._out[peer] = Outbound(channel.ring(mm, f"rank {self.ranks[peer]}", pid, self.timeout_s))
         return out
 
-    def _inbound(self, peer: int) -> channel.Inbound:
+    def _inbound(self, peer: int) -> Inbound:
         got = self._in.get(peer)
         if got is None:
             with self._lock:
                 got = self._in.get(peer)
                 if got is None:
-                    got = self._in[peer] = channel.Inbound(lambda: self._attach(peer))
+                    got = self._in[peer] = Inbound(lambda: self._attach(peer))
         return got
 
-    def _attach(self, peer: int) -> channel._Ring:
+    def _attach(self, peer: int) -> channel.Ring:
         """Open the peer's outbound segment to this rank, check it, unlink its name."""
         _, pid = hosts.peer(self.ranks[peer])
         seg, size = self._name(peer, self.me, pid), layout.segment_bytes()
