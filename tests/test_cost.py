@@ -9,6 +9,7 @@ from ringzero.comm import cost, registry, select
 from ringzero.comm.config import configure
 from ringzero.plan.comm.algorithms import NODE_AWARE, fits
 from ringzero.plan.comm.volume import call_for
+from ringzero.plan.comm import network
 from ringzero.plan.comm.network import DEFAULT, FEATURES, TEXTBOOK, AlphaBetaGamma, predict
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -78,10 +79,10 @@ def test_bandwidth_bound_large_messages_pick_ring_or_rabenseifner():
 def test_fit_recovers_known_coefficients_exactly():
     true = AlphaBetaGamma(alpha=42e-6, beta=0.7e-9, gamma=0.2e-9, per_message=3e-6, per_call=15e-6,
                           host_message=90e-6, host_beta=0.05e-9, host_gamma=0.1e-9)
-    cal = cost.fit(_synthetic_rows(true))
+    cal = cost.fit(_synthetic_rows(true), prior=None)           # a plain fit: no pull toward the defaults
     np.testing.assert_allclose(cal.model.coefficients(), true.coefficients(), rtol=1e-6, atol=1e-15)
     assert cal.error["max"] < 1e-9 and cal.error["shared"]["max"] < 1e-9
-    got = cost.fit(_synthetic_rows(TEXTBOOK, ("all_reduce",)), per_algorithm=False).model
+    got = cost.fit(_synthetic_rows(TEXTBOOK, ("all_reduce",)), per_algorithm=False, prior=None).model
     np.testing.assert_allclose(got.coefficients(), TEXTBOOK.coefficients(), rtol=1e-6, atol=1e-15)
 
 
@@ -185,3 +186,39 @@ def test_calibrating_from_one_message_size_is_refused():
     with pytest.raises(ValueError, match="got 1MiB;"):
         cost.check_sizes([MiB])
     cost.check_sizes([KiB, 2 * KiB])
+
+
+def test_a_calibration_of_another_transport_or_host_is_refused_in_one_line(tmp_path, monkeypatch):
+    rows = _synthetic_rows(TEXTBOOK, ("all_reduce",))
+    path = cost.save(cost.fit(rows, per_algorithm=False, transport="shm"), tmp_path / "cal.json")
+    monkeypatch.setenv("RINGZERO_CALIBRATION", str(path))
+    assert select.calibration("shm").meta["transport"] == "shm"
+    with pytest.raises(ValueError, match=r"made with transport shm on host .*; this run uses transport gloo"):
+        select.calibration("gloo")
+    data = json.loads(path.read_text())
+    data["meta"]["host"] = "elsewhere"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="on host elsewhere; this run uses transport shm on host"):
+        select.calibration("shm")
+
+
+def test_each_transport_has_its_own_default_file_and_defaults(monkeypatch, tmp_path):
+    monkeypatch.delenv("RINGZERO_CALIBRATION", raising=False)
+    assert str(cost.calibration_path(transport="shm")).endswith(".cache/ringzero/calibration-shm.json")
+    assert network.DEFAULTS["shm"].per_message < network.DEFAULTS["gloo"].host_message / 10
+    # TEXTBOOK has no per-call, per-message or host cost: a plain fit finds those zeros, the default
+    # prior keeps every coefficient within BOUND of the transport's defaults (it never collapses to 0)
+    rows = _synthetic_rows(TEXTBOOK, ("all_reduce",))
+    plain, pulled = (cost.fit(rows, per_algorithm=False, prior=p, transport="shm").model for p in (None, "defaults"))
+    assert any(v == 0 for v in plain.coefficients())
+    for v, d in zip(pulled.coefficients(), network.DEFAULTS["shm"].coefficients()):
+        assert d / cost.BOUND <= v <= d * cost.BOUND
+
+
+def test_the_correction_makes_a_measured_cell_price_as_measured():
+    rows = _synthetic_rows(TEXTBOOK, ("all_reduce",))
+    slow = [dict(r, time_us=r["time_us"] * (3.0 if r["algorithm"] == "ring" else 1.0)) for r in rows]
+    cal = cost.fit(slow, per_algorithm=False, prior=None)
+    r = next(r for r in slow if r["algorithm"] == "ring" and r["world"] == 4 and r["count"] * 4 >= MiB)
+    priced = select.price("all_reduce", "ring", 4, r["count"] * 4, None, cal)
+    assert priced == pytest.approx(r["time_us"] * 1e-6, rel=1e-9)

@@ -50,3 +50,17 @@ def test_train_with_too_small_dev_shm_is_one_line(capsys, tmp_path, monkeypatch)
     forbid_ranks(monkeypatch)
     monkeypatch.setattr(segment, "free_bytes", lambda: 1 << 20)
     train_fails(capsys, tmp_path, ["--nproc", "4", "--transport", "shm"], "/dev/shm", "MiB", "--transport gloo")
+
+
+def test_a_calibration_of_another_transport_is_refused_before_ranks_start(capsys, tmp_path, monkeypatch):
+    from ringzero.comm import cost
+    from ringzero.plan.comm.network import TEXTBOOK, predict
+    from ringzero.plan.comm.volume import call_for
+    rows = [{"collective": "all_reduce", "algorithm": "ring", "world": n, "count": c, "itemsize": 4,
+             "ranks_per_node": None, "time_us": predict(call_for("all_reduce", "ring", n, c, 4), TEXTBOOK) * 1e6}
+            for n in (2, 3, 4) for c in (256, 4096, 1 << 16, 1 << 20)]
+    path = cost.save(cost.fit(rows, per_algorithm=False, transport="gloo"), tmp_path / "cal.json")
+    monkeypatch.setenv("RINGZERO_CALIBRATION", str(path))
+    forbid_ranks(monkeypatch)
+    train_fails(capsys, tmp_path, ["--nproc", "2", "--transport", "shm"], "cal.json", "made with transport gloo",
+                "uses transport shm", "--calibrate --transport shm")

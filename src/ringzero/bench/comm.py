@@ -28,7 +28,7 @@ import torch
 
 from ringzero import launch, outputs
 from ringzero.errors import usage
-from ringzero.comm import cost, registry
+from ringzero.comm import cost, registry, select
 from ringzero.comm.config import TRANSPORTS
 from ringzero.comm.transport import preflight
 from ringzero.comm.ops import SUPPORTED_DTYPES
@@ -41,6 +41,9 @@ from ringzero.bench.comm_ranks import Job, element_count, rank_main
 
 DEFAULT_SIZES = tuple(1024 * 4 ** k for k in range(9))
 """1 KiB, 4 KiB, ..., 64 MiB."""
+CALIBRATION = {"sizes": DEFAULT_SIZES[:-1], "iters": 3, "warmup": 1}
+"""`--calibrate`'s defaults: 1 KiB..16 MiB (larger sizes take the 16 MiB correction, where time is
+bandwidth's), three repetitions: a transport calibrated on 4 ranks here in under a minute."""
 
 _DTYPES = tuple(str(d).replace("torch.", "") for d in SUPPORTED_DTYPES)
 
@@ -123,6 +126,12 @@ def build_job(args) -> Job:
     """Validate every argument (ValueError with one line) and return what the ranks will do."""
     if args.nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.calibrate:                                   # the budgeted sweep, unless asked otherwise
+        args.iters = CALIBRATION["iters"] if args.iters is None else args.iters
+        args.warmup = CALIBRATION["warmup"] if args.warmup is None else args.warmup
+        args.sizes = args.sizes or ",".join(str(s) for s in CALIBRATION["sizes"])
+    args.iters = 5 if args.iters is None else args.iters
+    args.warmup = 2 if args.warmup is None else args.warmup
     if args.iters < 1 or args.warmup < 0:
         raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     if args.dtype not in _DTYPES:
@@ -159,6 +168,8 @@ def build_job(args) -> Job:
     transport, note = preflight.transport_for(args.transport, worlds, launch.in_torchrun())
     if note:
         print(note, file=sys.stderr)
+    if not args.calibrate:
+        select.calibration(transport)          # "auto" would price with a file of another transport or host
     return Job(worlds=tuple(sorted(set(worlds))), cases=cases, sizes=sizes, dtype=args.dtype,
                iters=args.iters, warmup=args.warmup, ranks_per_node=args.ranks_per_node,
                every_algorithm=not args.algorithm, inter_node_gbps=gbps, inter_node_latency_us=latency,
@@ -170,11 +181,11 @@ def add_arguments(parser) -> None:
     a("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
     a("--collective", action="append", help="collective(s), repeatable or comma list (default: all)")
     a("--algorithm", action="append", help="algorithm(s) (default: every one)")
-    a("--sizes", help="comma list of buffer sizes, e.g. 64KiB,1MiB (default 1KiB..64MiB by x4)")
+    a("--sizes", help="comma list of buffer sizes, e.g. 64KiB,1MiB (default 1KiB..64MiB by x4; 16MiB with --calibrate)")
     a("--dtype", default="float32", help=f"element type (default float32; {', '.join(_DTYPES)})")
-    a("--iters", type=int, default=5, help="timed repetitions; the median is reported (default 5)")
-    a("--warmup", type=int, default=2,
-      help="warm-up calls per cell, also used to size a repetition (default 2)")
+    a("--iters", type=int, default=None, help="timed repetitions; the median is reported (default 5; 3 with --calibrate)")
+    a("--warmup", type=int, default=None,
+      help="warm-up calls per cell, also used to size a repetition (default 2; 1 with --calibrate)")
     a("--worlds", help="also measure on sub-groups of these sizes, e.g. 2,3,4 (default: --nproc; "
                        "with --calibrate 2..--nproc)")
     a("--ranks-per-node", type=int, help="emulate nodes of this many ranks (hierarchical, auto)")
@@ -238,7 +249,8 @@ def run(args) -> int:
     rows = measure(job, args.nproc, args.timeout)
     cal = path = None
     if args.calibrate:
-        cal = cost.fit(rows, meta={"nproc": args.nproc, "dtype": args.dtype, "worlds": list(job.worlds)})
+        cal = cost.fit(rows, meta={"nproc": args.nproc, "dtype": args.dtype, "worlds": list(job.worlds)},
+                       transport=job.transport)
         path = cost.save(cal, args.out)
     if args.json:
         out = {"nproc": args.nproc, "rows": rows}

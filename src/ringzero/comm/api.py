@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from ringzero.plan.comm.algorithms import NODE_AWARE
 from ringzero.plan.comm.chunks import bounds_from_sizes, chunk_bounds
-from ringzero.comm import backend, check, registry, select
+from ringzero.comm import backend, check, registry, select, transport
 from ringzero.comm.config import get_config
 from ringzero.comm.flight import note_algorithm, recorded
 from ringzero.comm.meter import active_entries, add
@@ -56,13 +56,13 @@ def _prepare(collective, algorithm, group, describe, tensors=()):
     cfg = get_config()
     if not cfg.checks or n == 1:
         call = _call(collective, algorithm, n, rank, describe, tensors)
-        note_algorithm(chosen := _choose(call, n))
+        note_algorithm(chosen := _choose(call, n, group))
         return n, rank, call, chosen
     seq = check.next_call(group)  # before the arguments are read: a call left on an exception counts
     call = chosen = error = None
     try:
         call = _call(collective, algorithm, n, rank, describe, tensors)
-        chosen = _choose(call, n)
+        chosen = _choose(call, n, group)
     except (ValueError, TypeError) as exc:
         error = exc
     node = cfg.node_size(n) if chosen in NODE_AWARE else 0
@@ -94,11 +94,12 @@ def _check_devices(collective, tensors) -> None:
                                  f"communicate; allowed: a tensor with data (cpu, or cuda under NCCL)")
 
 
-def _choose(call: check.Call, n: int) -> str:
+def _choose(call: check.Call, n: int, group) -> str:
     if call.algorithm != "auto":
         return call.algorithm
     whole = call.count if call.priced is None else call.priced
-    return select.choose(call.collective, n, whole * call.dtype.itemsize, get_config().node_size(n))
+    return select.choose(call.collective, n, whole * call.dtype.itemsize, get_config().node_size(n),
+                         transport.in_use(group))
 
 
 def _comm(collective, algorithm, group, ref: torch.Tensor, op: Op) -> TorchComm:

@@ -28,121 +28,41 @@ the same least squares: β and host_beta when nothing overlaps, 0 when the pipel
 completely. Every model stores its own pair (`Calibration.overlap`); a model fitted without rows
 of a pipelined algorithm has none and prices every byte at β.
 
-File: `path` argument, else `CommConfig.calibration`, else $RINGZERO_CALIBRATION, else
-~/.cache/ringzero/calibration.json.
+Robustly (a noisy sweep once fitted α = 0 and picked worse than no calibration at all): every
+coefficient is pulled toward the transport's defaults (`network.DEFAULTS`) by a ridge term of
+weight `PRIOR` per row, as if each default were one more measurement, and kept within `BOUND`
+times it either way; the measured / predicted ratio of every measured cell is kept beside the
+model (`comm.correction`), so that `auto` prices a measured size by what it measured; and `save`
+refuses a fit that predicts its own rows worse than the defaults do (`calibration_guard`). The
+file records the transport and host it was made on (`calibration_io`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
-import platform
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from ringzero.plan.comm.volume import Volume, call_for, volume
-from ringzero.plan.comm.network import FEATURES, RANK_FEATURES, AlphaBetaGamma, features, rank_features, slowest_rank
+from ringzero.plan.comm.network import (DEFAULTS, FEATURES, RANK_FEATURES, AlphaBetaGamma, features, rank_features,
+                                       slowest_rank)
+from ringzero.comm import correction
 from ringzero.comm.calibration_guard import WorseThanDefaults, check_better, check_sizes  # noqa: F401  (this module's API)
-from ringzero.comm.config import get_config
+from ringzero.comm.calibration_io import (DEFAULT_PATH, SCHEMA, Calibration, calibration_file,  # noqa: F401
+                                          calibration_path, here, load, save)  # (this module's API, as before)
 from ringzero.comm.nnls import nnls
 from ringzero.comm.ring_overlap import COLUMNS, OVERLAP, overlap_credit, overlapped  # noqa: F401  (part of this module's API)
 
-SCHEMA = 1
-DEFAULT_PATH = "~/.cache/ringzero/calibration.json"
 MIN_ROWS_PER_ALGORITHM = 2 * len(FEATURES)
 """An algorithm gets its own coefficients only with at least this many rows (else the shared model)."""
-def calibration_file(path: str | os.PathLike | None = None) -> str:
-    """Where the calibration lives, as a string (cheap: `select` asks on every "auto" call)."""
-    chosen = path or get_config().calibration or os.environ.get("RINGZERO_CALIBRATION") or DEFAULT_PATH
-    return os.path.expanduser(os.fspath(chosen))
-
-
-def calibration_path(path: str | os.PathLike | None = None) -> Path:
-    """Where the calibration lives (see the module docstring for the order of precedence)."""
-    return Path(calibration_file(path))
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Fitted coefficients and how well they fit."""
-
-    model: AlphaBetaGamma
-    """The shared model: one α, β, γ for every algorithm."""
-    per_algorithm: dict[str, AlphaBetaGamma] = field(default_factory=dict)
-    """"collective/algorithm" -> that algorithm's own coefficients."""
-    error: dict = field(default_factory=dict)
-    """Relative fit errors: {"median", "max", "rows", "shared": {"median", "max"}, "defaults":
-    {"median", "max"}} (the last: `AlphaBetaGamma()`'s on the same rows)."""
-    meta: dict = field(default_factory=dict)
-    """Where and when it was measured."""
-    overlap: dict[str, dict[str, float]] = field(default_factory=dict)
-    """"shared" or "collective/algorithm" (the model it belongs to) -> {"beta", "host_beta"}:
-    seconds per byte moved behind an earlier segment of a pipeline (`OVERLAP`); absent: none."""
-
-    def model_for(self, collective: str, algorithm: str) -> AlphaBetaGamma:
-        return self.per_algorithm.get(f"{collective}/{algorithm}", self.model)
-
-    def overlap_for(self, collective: str, algorithm: str) -> dict[str, float] | None:
-        """The overlap coefficients of the model that prices `algorithm` (None: every byte at β)."""
-        key = f"{collective}/{algorithm}"
-        return self.overlap.get(key if key in self.per_algorithm else "shared")
-
-    def to_json(self) -> dict:
-        return {"schema": SCHEMA, "model": self.model.as_dict(),
-                "per_algorithm": {k: m.as_dict() for k, m in sorted(self.per_algorithm.items())},
-                "overlap": dict(sorted(self.overlap.items())), "error": self.error, "meta": self.meta}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Calibration":
-        if data.get("schema") != SCHEMA:
-            raise ValueError(f"schema {data.get('schema')!r}, expected {SCHEMA}")
-        return cls(model=_model(data["model"]),
-                   per_algorithm={k: _model(m) for k, m in data.get("per_algorithm", {}).items()},
-                   error=data.get("error", {}), meta=data.get("meta", {}),
-                   overlap={k: _overlap(v) for k, v in data.get("overlap", {}).items()})
-
-
-def _overlap(coefs: dict) -> dict[str, float]:
-    if set(coefs) != set(OVERLAP) or not all(isinstance(v, (int, float)) and v >= 0 for v in coefs.values()):
-        raise ValueError(f"overlap coefficients must be {' and '.join(OVERLAP)} (>= 0), got {coefs!r}")
-    return {k: float(coefs[k]) for k in OVERLAP}
-
-
-def _model(coefs: dict) -> AlphaBetaGamma:
-    """Coefficients from a file: unknown names are an error, missing ones are 0 (not the defaults)."""
-    unknown = set(coefs) - set(FEATURES)
-    if unknown:
-        raise ValueError(f"unknown coefficient(s) {', '.join(sorted(unknown))}")
-    return AlphaBetaGamma.from_coefficients([coefs.get(k, 0.0) for k in FEATURES])
-
-
-def load(path: str | os.PathLike | None = None) -> Calibration | None:
-    """The calibration at `calibration_path(path)`, or None if there is no file."""
-    p = calibration_path(path)
-    if not p.is_file():
-        return None
-    try:
-        return Calibration.from_json(json.loads(p.read_text()))
-    except (ValueError, KeyError, TypeError, RecursionError) as exc:      # RecursionError: nested too deeply
-        raise ValueError(f"calibration file {p} is not valid ({exc}); re-run "
-                         f"`ringzero bench comm --calibrate` or delete it") from None
-
-
-def save(cal: Calibration, path: str | os.PathLike | None = None) -> Path:
-    """Write `cal` as JSON (atomically: readers never see half a file); return the path. The
-    default location's folder is created; a given path's folder must exist (`outputs.check`).
-    A fit worse than the defaults is refused, nothing written (`check_better`)."""
-    from ringzero.outputs import write_text
-    check_better(cal)
-    p = calibration_path(path)
-    if path is None:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    write_text(p, json.dumps(cal.to_json(), indent=2) + "\n")
-    return p
+PRIOR = 0.02
+"""Weight of each default coefficient as a pseudo-measurement, per measured row: a coefficient the
+rows cannot tell apart from another (α and per_message when every call takes as many messages as
+rounds) stays near its default instead of dropping to 0."""
+BOUND = 30.0
+"""A fitted coefficient stays within this factor of its (non-zero) default, either way."""
 
 
 def _row_call(row: dict):
@@ -161,10 +81,27 @@ def row_overlap(row: dict, vols: list[Volume]) -> tuple[float, float]:
     return overlapped(_row_call(row), vols)
 
 
+def _solve(x: np.ndarray, w: np.ndarray, prior: AlphaBetaGamma | None) -> np.ndarray:
+    """Weighted NNLS of (x·c - t)/t, with `prior`'s non-zero coefficients as ridge rows (`PRIOR`)
+    and the result kept within `BOUND` of them."""
+    a, b = x * w[:, None], np.ones(len(w))
+    if prior is None:
+        return nnls(a, b)
+    d = np.zeros(x.shape[1])
+    d[:len(FEATURES)] = prior.coefficients()
+    held = np.nonzero(d > 0)[0]
+    ridge = np.zeros((len(held), x.shape[1]))
+    ridge[np.arange(len(held)), held] = np.sqrt(PRIOR * len(w)) / d[held]
+    c = nnls(np.vstack([a, ridge]), np.concatenate([b, np.full(len(held), np.sqrt(PRIOR * len(w)))]))
+    c[held] = np.clip(c[held], d[held] / BOUND, d[held] * BOUND)
+    return c
+
+
 def _fit_rows(vols: list[list[Volume]], times: np.ndarray, ovs: np.ndarray | None = None,
-              iterations: int = 8) -> tuple[AlphaBetaGamma, dict[str, float] | None]:
+              iterations: int = 8, prior: AlphaBetaGamma | None = None) -> tuple[AlphaBetaGamma, dict[str, float] | None]:
     """Weighted NNLS with the slowest-rank picks re-done until they are stable; with the rows'
-    overlapped bytes `ovs` (rows x `OVERLAP`) also their coefficients, else None."""
+    overlapped bytes `ovs` (rows x `OVERLAP`) also their coefficients, else None; `prior`: the
+    defaults the coefficients are pulled toward (`_solve`)."""
     k = len(RANK_FEATURES)
     ov = ovs if ovs is not None and np.any(ovs > 0) else None
     # First guess at the slowest rank: the maximum of every per-rank feature over ranks.
@@ -175,7 +112,7 @@ def _fit_rows(vols: list[list[Volume]], times: np.ndarray, ovs: np.ndarray | Non
         if ov is not None:      # the overlapped bytes move from β and host_beta to columns of their own
             x[:, COLUMNS] = np.maximum(0.0, x[:, COLUMNS] - ov)
             x = np.column_stack([x, ov])
-        coefs = nnls(x * w[:, None], np.ones_like(times))                   # (a·x - t)/t
+        coefs = _solve(x, w, prior)                                          # (a·x - t)/t
         model = AlphaBetaGamma.from_coefficients(coefs[:len(FEATURES)])
         new = [slowest_rank(vs, model) for vs in vols]
         if new == picks:
@@ -221,7 +158,8 @@ margin at 1.0 and at 0.8)."""
 
 
 def _own_model(vols: list[list[Volume]], times: np.ndarray, ovs: np.ndarray,
-               shared: tuple[AlphaBetaGamma, dict | None]) -> tuple[AlphaBetaGamma, dict | None] | None:
+               shared: tuple[AlphaBetaGamma, dict | None],
+               prior: AlphaBetaGamma | None = None) -> tuple[AlphaBetaGamma, dict | None] | None:
     """An algorithm's own (model, overlap coefficients), if it predicts its held-out rows better
     than the shared one.
 
@@ -234,21 +172,26 @@ def _own_model(vols: list[list[Volume]], times: np.ndarray, ovs: np.ndarray,
     held, base = [], []
     for fold in range(CV_FOLDS):
         test = np.arange(len(times)) % CV_FOLDS == fold
-        own = _fit_rows([v for v, t in zip(vols, test) if not t], times[~test], ovs[~test])
+        own = _fit_rows([v for v, t in zip(vols, test) if not t], times[~test], ovs[~test], prior=prior)
         for v, t, secs, ov in zip(vols, test, times, ovs):
             if t:
                 held.append(abs(predict_row(v, own[0], ov, own[1]) - secs) / secs)
                 base.append(abs(predict_row(v, shared[0], ov, shared[1]) - secs) / secs)
-    return _fit_rows(vols, times, ovs) if np.median(held) < OWN_MARGIN * np.median(base) else None
+    return _fit_rows(vols, times, ovs, prior=prior) if np.median(held) < OWN_MARGIN * np.median(base) else None
 
 
-def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None) -> Calibration:
-    """Fit the shared model (and, if asked, one per algorithm) to measured rows.
+def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None, transport: str = "gloo",
+        prior: AlphaBetaGamma | None | str = "defaults") -> Calibration:
+    """Fit the shared model (and, if asked, one per algorithm) to rows measured over `transport`,
+    and keep the measured / predicted ratio of every cell (`comm.correction`).
 
     Rows of the backend's own collective ("torch", "auto") and of calls that move nothing are
     ignored: they have no volume formula, or nothing to fit. Rows of a single message size are
-    refused (`check_sizes`).
+    refused (`check_sizes`). `prior`: the coefficients the fit is pulled toward, the transport's
+    defaults unless given (None: a plain fit, which recovers noise-free coefficients exactly).
     """
+    defaults = DEFAULTS.get(transport, DEFAULTS["gloo"])
+    prior = defaults if prior == "defaults" else prior
     rows = [r for r in rows if r["algorithm"] not in ("torch", "auto") and r["world"] > 1
             and r["count"] > 0 and r["time_us"] > 0]
     if len(rows) < len(FEATURES):
@@ -258,23 +201,24 @@ def fit(rows: list[dict], per_algorithm: bool = True, meta: dict | None = None) 
     vols = [row_volumes(r) for r in rows]
     times = np.array([r["time_us"] * 1e-6 for r in rows])
     ovs = np.array([row_overlap(r, v) for r, v in zip(rows, vols)])
-    shared = _fit_rows(vols, times, ovs)
+    shared = _fit_rows(vols, times, ovs, prior=prior)
     own: dict[str, tuple[AlphaBetaGamma, dict | None]] = {}
     if per_algorithm:
         keys = sorted({f"{r['collective']}/{r['algorithm']}" for r in rows})
         for key in keys:
             idx = [i for i, r in enumerate(rows) if f"{r['collective']}/{r['algorithm']}" == key]
-            fitted = _own_model([vols[i] for i in idx], times[idx], ovs[idx], shared)
+            fitted = _own_model([vols[i] for i in idx], times[idx], ovs[idx], shared, prior)
             if fitted is not None:
                 own[key] = fitted
     overlap = {k: b for k, (_, b) in {"shared": shared, **own}.items() if b is not None}
     cal = Calibration(model=shared[0], per_algorithm={k: m for k, (m, _) in own.items()}, overlap=overlap)
     errs = relative_errors(rows, cal.model_for, vols, cal.overlap_for)
     shared_errs = relative_errors(rows, lambda c, a: shared[0], vols, lambda c, a: shared[1])
-    defaults = AlphaBetaGamma()
     default_errs = relative_errors(rows, lambda c, a: defaults, vols)      # what "auto" prices without a file
     error = {**_summary(errs), "rows": len(rows), "shared": _summary(shared_errs),
              "defaults": _summary(default_errs)}
+    predicted = [predict_row(v, cal.model_for(r["collective"], r["algorithm"]), row_overlap(r, v),
+                             cal.overlap_for(r["collective"], r["algorithm"])) for r, v in zip(rows, vols)]
     info = {"created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "cpus": os.cpu_count(), **(meta or {})}
-    return dataclasses.replace(cal, error=error, meta=info)
+            "host": here(), "cpus": os.cpu_count(), "transport": transport, **(meta or {})}
+    return dataclasses.replace(cal, error=error, meta=info, correction=correction.table(rows, predicted))

@@ -2,8 +2,9 @@
 
 For a call of `nbytes` on `n` ranks, every algorithm of the collective is priced with
 `plan.comm.network.predict` (the slowest rank's rounds, messages, bytes and bytes reduced, from the
-exact traffic formulas) using the calibration of this machine (`comm.cost`, fitted by
-`ringzero bench comm --calibrate`), or `plan.comm.network.DEFAULT` when there is none; the cheapest
+exact traffic formulas) using the calibration of this machine and transport (`comm.cost`, fitted
+by `ringzero bench comm --calibrate`, times its measured correction at that size,
+`comm.correction`), or the transport's `plan.comm.network.DEFAULTS` when there is none; the cheapest
 wins, ties going to the first in `plan.comm.algorithms` order. A calibration also prices the ring's
 pipeline: the bytes it moves behind earlier segments, off its critical path, at their own fitted
 coefficients (`plan.comm.volume.overlapped_bytes`, `cost.overlap_credit`). This is how MPICH picks between its
@@ -30,11 +31,12 @@ import os
 from ringzero.plan.comm.algorithms import spans_nodes_ok
 from ringzero.plan.comm.chunks import chunk_sizes
 from ringzero.plan.comm.volume import PIPELINED, Call, formula, volumes
-from ringzero.plan.comm.network import DEFAULT, predict
-from ringzero.comm import cost, registry
+from ringzero.plan.comm.network import DEFAULTS, predict
+from ringzero.comm import correction, cost, registry
+from ringzero.comm.calibration_io import check_made_here
 
-_cache: dict = {"key": None, "cal": None}
-
+_cache: dict = {}
+"""Per transport: the calibration file's identity (path, mtime, size) and what it held."""
 
 
 def candidates(collective: str, n: int, ranks_per_node: int | None) -> tuple[str, ...]:
@@ -44,18 +46,22 @@ def candidates(collective: str, n: int, ranks_per_node: int | None) -> tuple[str
     return tuple(a for a in registry.algorithms(collective) if spans_nodes_ok(a, n, ranks_per_node))
 
 
-def calibration():
-    """The calibration in effect (None without one), re-read only when its file changes."""
-    path = cost.calibration_file()
+def calibration(transport: str = "gloo"):
+    """The calibration in effect for `transport` (None without one), re-read only when its file
+    changes; a file made with another transport or on another host is refused (ValueError)."""
+    path = cost.calibration_file(transport=transport)
     try:
         st = os.stat(path)
         key = (path, st.st_mtime_ns, st.st_size)
     except OSError:
         key = (path, None, None)
-    if _cache["key"] != key:
-        _cache["cal"] = cost.load(path) if key[1] is not None else None
-        _cache["key"] = key
-    return _cache["cal"]
+    entry = _cache.setdefault(transport, {"key": None, "cal": None})
+    if entry["key"] != key:
+        cal = cost.load(path, transport) if key[1] is not None else None
+        if cal is not None:
+            check_made_here(cal, path, transport)
+        entry["cal"], entry["key"] = cal, key
+    return entry["cal"]
 
 
 def _call(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None) -> Call:
@@ -68,63 +74,69 @@ def _call(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: 
                 itemsize=1, ranks_per_node=ranks_per_node)
 
 
-def _model(collective: str, algorithm: str, cal):
+def _model(collective: str, algorithm: str, cal, transport: str = "gloo"):
     """The coefficients that price `algorithm`: its own in `cal`, else (for "torch") its twin's, else
-    the shared model; `DEFAULT` without a calibration."""
+    the shared model; the transport's `DEFAULTS` without a calibration."""
     if cal is None:
-        return DEFAULT
+        return DEFAULTS.get(transport, DEFAULTS["gloo"])
     own = cal.per_algorithm.get(f"{collective}/{algorithm}")
     return own if own is not None else cal.model_for(collective, formula(collective, algorithm))
 
 
-def _price(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> float:
+def _price(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None, cal,
+           transport: str = "gloo") -> float:
     """`network.predict` less the calibrated credit for the bytes a pipelined algorithm moves behind
-    earlier segments (`cost.overlap_credit`; none without a calibration). "torch" gets none: the
-    backend's own collective is not ringzero's pipeline."""
+    earlier segments (`cost.overlap_credit`; none without a calibration), times the calibration's
+    measured correction at this size (`comm.correction`). "torch" gets no credit: the backend's own
+    collective is not ringzero's pipeline."""
     call = _call(collective, formula(collective, algorithm), n, max(0, nbytes), ranks_per_node)
-    model = _model(collective, algorithm, cal)
+    model = _model(collective, algorithm, cal, transport)
     seconds = predict(call, model)
-    if cal is None or (collective, algorithm) not in PIPELINED or not seconds:
+    if cal is None or not seconds:
         return seconds
-    return seconds - cost.overlap_credit(model, cal.overlap_for(collective, algorithm),
-                                         cost.overlapped(call, volumes(call)))
+    if (collective, algorithm) in PIPELINED:
+        seconds -= cost.overlap_credit(model, cal.overlap_for(collective, algorithm),
+                                       cost.overlapped(call, volumes(call)))
+    return seconds * correction.factor(cal.correction, collective, algorithm, n, ranks_per_node, nbytes)
 
 
-def price(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> float:
-    """Predicted seconds of one named algorithm under calibration `cal` (None: the default model)."""
-    return _price(collective, algorithm, n, nbytes, ranks_per_node, cal)
+def price(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None, cal,
+          transport: str = "gloo") -> float:
+    """Predicted seconds of one named algorithm under calibration `cal` (None: the transport's defaults)."""
+    return _price(collective, algorithm, n, nbytes, ranks_per_node, cal, transport)
 
 
-def _times(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> dict[str, float]:
-    return {alg: _price(collective, alg, n, nbytes, ranks_per_node, cal)
+def _times(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal, transport: str) -> dict[str, float]:
+    return {alg: _price(collective, alg, n, nbytes, ranks_per_node, cal, transport)
             for alg in candidates(collective, n, ranks_per_node)}
 
 
-def best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal) -> str:
-    """The cheapest candidate under calibration `cal` (None: the default model); ties by table order."""
+def best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal, transport: str = "gloo") -> str:
+    """The cheapest candidate under calibration `cal` (None: the transport's defaults); ties by table order."""
     names = candidates(collective, n, ranks_per_node)
     if n <= 1 or nbytes <= 0:
         return names[0]
-    times = _times(collective, n, nbytes, ranks_per_node, cal)
+    times = _times(collective, n, nbytes, ranks_per_node, cal, transport)
     return min(names, key=lambda a: (times[a], names.index(a)))
 
 
 @functools.lru_cache(maxsize=4096)
-def _best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, cal_key) -> str:
-    # cal_key (the file's path, mtime and size) only keys the cache; the loaded file is _cache["cal"].
-    return best(collective, n, nbytes, ranks_per_node, _cache["cal"])
+def _best(collective: str, n: int, nbytes: int, ranks_per_node: int | None, transport: str, cal_key) -> str:
+    # cal_key (the file's path, mtime and size) only keys the cache; the loaded file is in _cache.
+    return best(collective, n, nbytes, ranks_per_node, _cache[transport]["cal"], transport)
 
 
-def seconds(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None = None) -> float:
+def seconds(collective: str, algorithm: str, n: int, nbytes: int, ranks_per_node: int | None = None,
+            transport: str = "gloo") -> float:
     """Predicted seconds of one named algorithm, candidate or not (`hierarchical` on one node runs its
     node-local tree), or "torch", priced as its `comm_volume.BACKEND_TWIN` with the calibration's
     model for "torch" when it has one, else the twin's."""
     if algorithm == "auto":
-        algorithm = choose(collective, n, nbytes, ranks_per_node)
-    return _price(collective, algorithm, n, nbytes, ranks_per_node, calibration())
+        algorithm = choose(collective, n, nbytes, ranks_per_node, transport)
+    return _price(collective, algorithm, n, nbytes, ranks_per_node, calibration(transport), transport)
 
 
-def choose(collective: str, n: int, nbytes: int, ranks_per_node: int | None) -> str:
-    """The algorithm `algorithm="auto"` runs for `nbytes` on `n` ranks."""
-    calibration()
-    return _best(collective, n, nbytes, ranks_per_node, _cache["key"])
+def choose(collective: str, n: int, nbytes: int, ranks_per_node: int | None, transport: str = "gloo") -> str:
+    """The algorithm `algorithm="auto"` runs for `nbytes` on `n` ranks whose messages take `transport`."""
+    calibration(transport)
+    return _best(collective, n, nbytes, ranks_per_node, transport, _cache[transport]["key"])

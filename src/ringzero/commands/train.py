@@ -141,6 +141,8 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     from ringzero.twin import footprint
     from ringzero.run import ps_options
     from ringzero.run import zero_options
+    from ringzero.comm import select
+    from ringzero.twin.predict import transport_of
 
     world = _world(args, torchrun)
     if not args.timeout > 0:
@@ -174,6 +176,7 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
         if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
             print(line, file=sys.stderr, flush=True)
     cfg = _transport(cfg, world, torchrun, args.quiet)    # last: its note only for a run that starts
+    select.calibration(transport_of(cfg))     # a calibration made with another transport or host
     return Job(cfg, world, watch)
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ringzero import comm
-from ringzero.comm import select
+from ringzero.comm import select, transport
 from ringzero.comm.config import get_config
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
 from ringzero.parallel.sharding_config import ShardingConfig
@@ -129,7 +129,8 @@ class Engine:
                                                       self._reduced_with):
             algo = self.strategy.config.algorithm_for(collective)
             if algo == "auto":
-                algo = select.choose(collective, n, count * size, get_config().node_size(n))
+                algo = select.choose(collective, n, count * size, get_config().node_size(n),
+                                     transport.in_use(self.topology.group))
             v = volume(call_for(collective, formula(collective, algo), n, count, size), r)
             sent, recv = sent + times * v.bytes_sent, recv + times * v.bytes_recv
         return {"bytes_sent": sent, "bytes_recv": recv}

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ringzero import comm
-from ringzero.comm import point_to_point, select
+from ringzero.comm import point_to_point, select, transport
 from ringzero.comm.config import get_config
 from ringzero.parallel.optimizer import AdamConfig
 from ringzero.parallel.pp.pipeline import apply_pipeline
@@ -167,7 +167,8 @@ class PipelineEngine(Engine):
         dp, p2p, topo = super().predicted_traffic(), self.predicted_p2p(), self.topology
         algo = self.algorithm
         if algo == "auto":
-            algo = select.choose("all_reduce", topo.pp, 4, get_config().node_size(topo.pp))
+            algo = select.choose("all_reduce", topo.pp, 4, get_config().node_size(topo.pp),
+                                 transport.in_use(topo.pp_group))
         norm = volume(call_for("all_reduce", formula("all_reduce", algo), topo.pp, 1, 4), topo.pp_rank)
         return {"bytes_sent": dp["bytes_sent"] + p2p["bytes_sent"] + norm.bytes_sent,
                 "bytes_recv": dp["bytes_recv"] + p2p["bytes_recv"] + norm.bytes_recv}

@@ -150,7 +150,13 @@ def algorithm(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int
     `ShardingConfig.algorithm_for` does (the tp groups': `TrainConfig.tp_algorithm`), or what "auto"
     picks ("torch" stays "torch")."""
     algo = for_collective(cfg.parallel.comm_algorithm, collective) if group in DP_GROUPS else cfg.parallel.tp_algorithm
-    return select.choose(collective, n, nbytes, node_size(cfg, n)) if algo == "auto" else algo
+    return select.choose(collective, n, nbytes, node_size(cfg, n), transport_of(cfg)) if algo == "auto" else algo
+
+
+def transport_of(cfg: TrainConfig) -> str:
+    """What the run's messages between local ranks take (`comm.transport`): gloo's point-to-point
+    only when asked for, shared memory otherwise, as `auto` resolves for ranks on one host."""
+    return "gloo" if cfg.parallel.transport == "gloo" else "shm"
 
 
 def call_kinds(cfg: TrainConfig, group: str, group_calls: list) -> list[str]:
@@ -208,7 +214,7 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
 def call_seconds(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> float:
     """One call's seconds under the calibrated α-β-γ model."""
     return select.seconds(collective, algorithm(cfg, group, collective, n, nbytes), n, nbytes,
-                          node_size(cfg, n))
+                          node_size(cfg, n), transport_of(cfg))
 
 
 def optimizer_shard(cfg: TrainConfig, world: int, rank: int = 0) -> float:

@@ -40,6 +40,9 @@ def p2p(group, device=None):
 
 
 def in_use(group=None, device=None) -> str:
-    """The transport `group`'s messages take between ranks of this host: "shm" or the backend's name."""
+    """The transport `group`'s messages take between ranks of this host: "shm" or the backend's name
+    ("gloo" where there is no process group at all)."""
+    if not dist.is_initialized():
+        return "gloo"
     got = p2p(group, device)
     return "shm" if got is not (group if group is not None else dist.group.WORLD) else str(dist.get_backend(group))

@@ -94,6 +94,13 @@ class AlphaBetaGamma:
 
 
 DEFAULT = AlphaBetaGamma()
+SHM_DEFAULT = AlphaBetaGamma(alpha=15e-6, beta=0.1e-9, gamma=0.1e-9, per_message=8e-6, per_call=60e-6,
+                             host_message=5e-6, host_beta=0.05e-9, host_gamma=0.05e-9)
+"""The defaults for ranks on one host talking through shared memory (`comm.transport`): a hand-off
+costs microseconds, not gloo's hundreds; see `DEFAULTS`."""
+DEFAULTS = {"gloo": DEFAULT, "shm": SHM_DEFAULT}
+"""What `algorithm="auto"` prices with when there is no calibration, by the transport the call's
+messages take (`comm.transport`), and what a calibration is pulled toward (`comm.cost.PRIOR`)."""
 TEXTBOOK = AlphaBetaGamma(alpha=50e-6, beta=1e-9, gamma=0.25e-9, per_call=0.0, host_message=0.0,
                           host_beta=0.0, host_gamma=0.0)
 """A plain α-β-γ network (no host sharing) for examples and tests: 50 µs, 1 GB/s, 4 GB/s."""
