@@ -4,8 +4,9 @@ A model of a few coefficients per algorithm cannot follow every bend a machine's
 (a cache size crossed, a slot ring filled, a thread handed the work), and an `auto` that prices by
 the model alone picks the wrong algorithm wherever two of them are close and the model bends the
 wrong way. So `cost.fit` keeps, for every measured (collective/algorithm, world, ranks per node),
-the ratio measured / predicted at each measured size (the median over the rows of that size), and
-`select` multiplies the model's price by it: at a measured size the price is the measurement, in
+the ratio measured / predicted at each measured size (the median over the rows of that size,
+then over it and its two neighbouring sizes: a running median, so that a single noisy cell does
+not decide a pick), and `select` multiplies the model's price by it: at a measured size the price is the measurement, in
 between the ratio is interpolated linearly in log(size) (log of the ratio), beyond the measured
 sizes the nearest one's ratio holds, and where nothing was measured (another world, another
 collective) the model prices alone. This is MPICH's and NCCL's tuning-table idea (measured
@@ -35,7 +36,15 @@ def table(rows: list[dict], predicted: list[float]) -> dict[str, dict[str, list[
     out: dict[str, dict[str, list[list[float]]]] = defaultdict(dict)
     for (alg, where, size), rs in sorted(ratios.items()):
         out[alg].setdefault(where, []).append([float(size), _median(rs)])
-    return dict(out)
+    return {alg: {where: _smooth(points) for where, points in worlds.items()} for alg, worlds in out.items()}
+
+
+def _smooth(points: list[list[float]]) -> list[list[float]]:
+    """Each size's ratio as the median of itself and its neighbours' (Tukey's running median of 3):
+    one noisy cell no longer decides a pick on its own, while a bend that two sizes show stays."""
+    ratios = [r for _, r in points]
+    return [[s, _median(ratios[max(0, i - 1):i + 2]) if 0 < i < len(points) - 1 else r]
+            for i, (s, r) in enumerate(points)]
 
 
 def factor(tab: dict, collective: str, algorithm: str, world: int, ranks_per_node: int | None,
