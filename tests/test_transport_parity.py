@@ -1,6 +1,6 @@
 """Shared memory against gloo: the same algorithm code gives bit-identical results on either transport.
 
-Every collective x algorithm (and "auto") x world size 1-8 x element count (0, fewer than the
+Every collective x algorithm x world size 1-8 x element count (0, fewer than the
 world, odd, and one large enough to fill many slots and overflow a channel's ring) x dtype x op x
 root, with random inputs, plus uneven lists, non-contiguous tensors and a strided renumbered
 sub-group: each case runs once over gloo's point-to-point and once over shared memory on the same
@@ -87,11 +87,11 @@ def _cases(n: int, rpn):
     """(collective, algorithm, dtype, op, count, root) of world n."""
     out = []
     for coll, algos in TABLE.items():
-        for algo in [*algos, "auto"]:
+        for algo in algos:              # not "auto": it prices each transport by its own costs
             if not fits(algo, n, rpn) or (algo in NODE_AWARE and rpn is None):
                 continue
             dtypes = (torch.float32, torch.bfloat16, torch.int64) if coll in REDUCING else (torch.float32, torch.uint8)
-            if n >= 7:
+            if n >= 5:                  # the dtypes go through the same bytes at 2-4 ranks
                 dtypes = dtypes[:1]
             for dtype in dtypes:
                 ops = [None]
@@ -99,7 +99,7 @@ def _cases(n: int, rpn):
                     ops = [op for op in Op if op is not Op.AVG or dtype.is_floating_point]
                     ops = ops if (coll, algo) == ("all_reduce", "ring") else ops[:2]
                 counts = [0, max(1, n - 1), 2 * n + 3]
-                if dtype == torch.float32 and coll in ("all_reduce", "all_gather") and algo in ("ring", "auto"):
+                if dtype == torch.float32 and coll in ("all_reduce", "all_gather") and algo == "ring":
                     counts.append(BIG // (n if coll == "all_gather" else 1))
                 for op in ops:
                     for count in counts:
@@ -138,7 +138,7 @@ def test_shm_results_equal_gloo_bit_for_bit(pool, world):
 
 
 def test_hierarchical_algorithms_equal_on_both_transports(pool):
-    results = pool.run(_both, 2, world=6)        # three nodes of two
+    results = pool.run(_both, 2, world=4)        # two nodes of two
     bad = [b for rank_bad, _ in results for b in rank_bad]
     assert not bad, f"{len(bad)} differences, first: {bad[0]}"
 
