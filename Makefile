@@ -23,6 +23,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_comm.py
+	$(PY) benchmarks/bench_transport.py --json out/bench_transport.json
+	$(PY) benchmarks/bench_shm_leftovers.py --trials 20
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_plan_fidelity.py
 	$(PY) benchmarks/bench_simulate.py --json out/bench_simulate.json

@@ -43,6 +43,14 @@ def _tree(pid: int) -> set[int]:
     return out
 
 
+def _is_rank(pid: int) -> bool:
+    """A spawned rank, not multiprocessing's resource tracker (also the launcher's child)."""
+    try:
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _leftovers(pids: set[int]) -> list[str]:
     made = re.compile(r"^rz-[0-9a-f]+-(\d+)-")
     return [n for n in os.listdir("/dev/shm") if (m := made.match(n)) and int(m.group(1)) in pids]
@@ -64,7 +72,7 @@ def trial(rng: random.Random, whole: bool) -> tuple[bool, str]:
     job = subprocess.Popen(CMD, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(rng.uniform(2.0, 6.0))
     pids = _tree(job.pid)
-    ranks = sorted(pids - {job.pid})
+    ranks = sorted(p for p in pids - {job.pid} if _is_rank(p))
     if job.poll() is not None or len(ranks) < 4:
         job.kill()
         return False, f"the job was not running ({len(ranks)} ranks): {job.stderr.read()[-300:]}"

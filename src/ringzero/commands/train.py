@@ -43,7 +43,7 @@ FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recom
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, default=None,
-                   help="local ranks, gloo on loopback (default 1; under torchrun the world is torchrun's)")
+                   help="local ranks, talking through shared memory (--transport; default 1; under torchrun the world is torchrun's)")
     p.add_argument("--config", help="DeepSpeed-style JSON config (flags given explicitly win)")
     p.add_argument("--json-report", metavar="FILE.json",
                    help="write the run and its predicted/measured twins here")
@@ -247,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
               + f", {cfg.training.grad_accum} micro-batch{'es' if cfg.training.grad_accum > 1 else ''} of {cfg.training.micro_batch} per step"
               + "\n  " + layout_why(cfg, world, "strategy" in train_args.given(args, FLAGS)), flush=True)
     if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
-        print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} (gloo on loopback) for "
+        how = "gloo on loopback" if cfg.parallel.transport == "gloo" or world == 1 else "shared memory"
+        print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} ({how}) for "
               f"{cfg.training.steps} steps", file=sys.stderr, flush=True)
     results = train_restarts.run(_rank_main, cfg, world, args, torchrun, job.watch)
     if torchrun:
