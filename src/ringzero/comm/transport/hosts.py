@@ -56,35 +56,37 @@ def _store():
     return dist.distributed_c10d._get_default_store()
 
 
-@lru_cache(maxsize=1)
+_seen: dict = {"store": None, "token": None, "published": False, "peers": {}}
+"""What was read from and written to the current default store (a new process group, a new store:
+everything is asked again)."""
+
+
+def _current():
+    store = _store()
+    if _seen["store"] is not store:
+        _seen.update(store=store, token=None, published=False, peers={})
+    return store
+
+
 def token() -> str:
     """The job's token (see the module doc)."""
-    mine = os.environ.get(ENV_TOKEN) or new_token()
-    got = _store().compare_set(_KEY + "token", "", mine)
-    return got.decode() if isinstance(got, bytes) else str(got)
-
-
-_published = False
-_peers: dict[int, tuple[str, int]] = {}
+    store = _current()
+    if _seen["token"] is None:
+        mine = os.environ.get(ENV_TOKEN) or new_token()
+        got = store.compare_set(_KEY + "token", "", mine)
+        _seen["token"] = got.decode() if isinstance(got, bytes) else str(got)
+    return _seen["token"]
 
 
 def peer(global_rank: int) -> tuple[str, int]:
     """(host id, pid) of `global_rank`, waiting for it to publish them (it does on its first
     shared-memory decision, as this rank does here)."""
-    global _published
-    store = _store()
-    if not _published:
+    store = _current()
+    if not _seen["published"]:
         store.set(f"{_KEY}rank/{dist.get_rank()}", f"{host_id()} {os.getpid()}")
-        _published = True
-    if global_rank not in _peers:
+        _seen["published"] = True
+    peers = _seen["peers"]
+    if global_rank not in peers:
         host, pid = store.get(f"{_KEY}rank/{global_rank}").decode().split()
-        _peers[global_rank] = (host, int(pid))
-    return _peers[global_rank]
-
-
-def forget() -> None:
-    """Drop what was read from a store (a new process group has a new one)."""
-    global _published
-    _published = False
-    _peers.clear()
-    token.cache_clear()
+        peers[global_rank] = (host, int(pid))
+    return peers[global_rank]
