@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ringzero.comm.transport.layout import DATA as _DATA, HEADER, MAGIC, SLOT_HEADER, SPACE as _SPACE
+from ringzero.comm.transport.segment import alive
 from ringzero.comm.transport.sem import PeerGone, Semaphore
 
 pack, unpack = struct.Struct("qqq").pack_into, struct.Struct("qqq").unpack_from
@@ -32,11 +33,10 @@ torch `copy_`'s dispatch on the small messages whose hand-off is the whole cost.
 
 
 class Ring:
-    """The mapped segment: its words, its bytes as a tensor, its two semaphores."""
+    """The mapped segment: its bytes as a tensor and at an address, its two semaphores."""
 
     def __init__(self, mm, slots: int, slot_bytes: int, peer: str, peer_pid: int, timeout_s: float) -> None:
         self.mm = mm
-        self.words = np.frombuffer(mm, dtype=np.int64)
         self.bytes = torch.frombuffer(mm, dtype=torch.uint8)
         self._anchor = ctypes.c_char.from_buffer(mm)       # keeps the address valid while mapped
         self.base = base = ctypes.addressof(self._anchor)
@@ -57,7 +57,6 @@ class Ring:
         return (*unpack(self.mm, off), off + SLOT_HEADER)
 
     def alive(self) -> bool:
-        from ringzero.comm.transport.segment import alive
         return alive(self.peer_pid)
 
     def take(self, sem: Semaphore) -> None:
