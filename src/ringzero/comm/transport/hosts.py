@@ -19,6 +19,7 @@ import hashlib
 import os
 import secrets
 import socket
+import weakref
 from functools import lru_cache
 
 import torch.distributed as dist
@@ -63,8 +64,9 @@ everything is asked again)."""
 
 def _current():
     store = _store()
-    if _seen["store"] is not store:
-        _seen.update(store=store, token=None, published=False, peers={})
+    known = _seen["store"]
+    if known is None or known() is not store:       # weakly: the store dies with its process group
+        _seen.update(store=weakref.ref(store), token=None, published=False, peers={})
     return store
 
 

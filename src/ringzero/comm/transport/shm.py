@@ -18,6 +18,7 @@ import hashlib
 import os
 import threading
 import time
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -46,7 +47,10 @@ class ShmGroup:
     """ProcessGroup-like point-to-point for one group (module doc)."""
 
     def __init__(self, pg, require: bool) -> None:
-        self.pg = pg
+        self._pg = weakref.ref(pg)
+        """Weakly: `route` keeps this object by its group, and a strong reference back would keep the
+        group (and gloo's threads) alive past `destroy_process_group`, into the interpreter's exit,
+        where destroying it aborts the process."""
         self.require = require
         self.ranks = dist.get_process_group_ranks(pg)
         self.me = self.ranks.index(dist.get_rank())
@@ -71,13 +75,13 @@ class ShmGroup:
     def send(self, tensors, peer: int, tag: int):
         (t,) = tensors
         if not self.local(peer):
-            return self.pg.send(tensors, peer, tag)
+            return self._pg().send(tensors, peer, tag)
         return self._outbound(peer).send(_bytes(t), tag)
 
     def recv(self, tensors, peer: int, tag: int):
         (t,) = tensors
         if not self.local(peer):
-            return self.pg.recv(tensors, peer, tag)
+            return self._pg().recv(tensors, peer, tag)
         return self._inbound(peer).recv(_bytes(t), tag)
 
     def recv_reduce(self, tensors, peer: int, tag: int, fold):
@@ -89,7 +93,7 @@ class ShmGroup:
         return self._inbound(peer).recv(t.reshape(-1), tag, fold)
 
     def recv_anysource(self, tensors, tag: int):
-        return self.pg.recv_anysource(tensors, tag)
+        return self._pg().recv_anysource(tensors, tag)
 
     def _name(self, src: int, dst: int, creator_pid: int) -> str:
         return segment.name(hosts.token(), creator_pid, self.gid, self.ranks[src], self.ranks[dst])
