@@ -98,28 +98,28 @@ class ShmGroup:
     def _name(self, src: int, dst: int, creator_pid: int) -> str:
         return segment.name(hosts.token(), creator_pid, self.gid, self.ranks[src], self.ranks[dst])
 
-    def _outbound(self, peer: int) -> Outbound:
-        out = self._out.get(peer)
-        if out is None:
-            with self._lock:
-                out = self._out.get(peer)
-                if out is None:
-                    size = layout.segment_bytes()
-                    mm = segment.create(self._name(self.me, peer, os.getpid()), size,
-                                        lambda m: channel.init_header(m, layout.SLOTS, layout.SLOT_BYTES,
-                                                                      os.getpid()))
-                    _, pid = hosts.peer(self.ranks[peer])
-                    out = self._out[peer] = Outbound(channel.ring(mm, f"rank {self.ranks[peer]}", pid, self.timeout_s))
-        return out
-
-    def _inbound(self, peer: int) -> Inbound:
-        got = self._in.get(peer)
+    def _once(self, table: dict, peer: int, make):
+        """`table[peer]`, made by `make(peer)` the first time (once, whichever thread asks first)."""
+        got = table.get(peer)
         if got is None:
             with self._lock:
-                got = self._in.get(peer)
+                got = table.get(peer)
                 if got is None:
-                    got = self._in[peer] = Inbound(lambda: self._attach(peer))
+                    got = table[peer] = make(peer)
         return got
+
+    def _outbound(self, peer: int) -> Outbound:
+        return self._once(self._out, peer, self._create)
+
+    def _inbound(self, peer: int) -> Inbound:
+        return self._once(self._in, peer, lambda p: Inbound(lambda: self._attach(p)))
+
+    def _create(self, peer: int) -> Outbound:
+        """Make this rank's segment toward `peer`, filled before it gets its name (`segment.create`)."""
+        mm = segment.create(self._name(self.me, peer, os.getpid()), layout.segment_bytes(),
+                            lambda m: channel.init_header(m, layout.SLOTS, layout.SLOT_BYTES, os.getpid()))
+        _, pid = hosts.peer(self.ranks[peer])
+        return Outbound(channel.ring(mm, f"rank {self.ranks[peer]}", pid, self.timeout_s))
 
     def _attach(self, peer: int) -> channel.Ring:
         """Open the peer's outbound segment to this rank, check it, unlink its name."""
