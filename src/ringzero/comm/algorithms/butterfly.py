@@ -31,6 +31,7 @@ from typing import Sequence
 
 from ringzero.comm.protocol import Buffer, Comm
 from ringzero.plan.comm.chunks import pof2_floor
+from ringzero.comm.algorithms.reducing import exchange_reduce
 
 
 class Fold:
@@ -75,8 +76,7 @@ def folded_out(c: Comm, buf: Buffer, count: int, lo: int, hi: int) -> None:
 
 def absorb(c: Comm, buf: Buffer, scratch: Buffer, peer: int) -> None:
     """Receive `peer`'s copy of `buf` into `scratch` and reduce it in (the fold's pre-step)."""
-    c.sendrecv(recvs=[(peer, scratch)])
-    c.reduce(buf, scratch)
+    exchange_reduce(c, peer, buf, scratch).wait()
 
 
 def gather_doubling(c: Comm, buf: Buffer, sb: Sequence[int], f: Fold) -> None:
@@ -111,6 +111,7 @@ def all_reduce(c: Comm, buf: Buffer, bounds: Sequence[int]) -> None:
     while mask < f.p:
         peer = f.real(f.vrank ^ mask)
         # Both partners reduce the same two operands (op is commutative), so they stay bit-identical.
+        # Not `exchange_reduce`: the buffer sent is the one reduced into.
         c.sendrecv([(peer, buf[:count])], [(peer, scratch)])
         c.reduce(buf[:count], scratch)
         mask <<= 1

@@ -38,6 +38,7 @@ from typing import Sequence
 from ringzero.comm.protocol import Buffer, Comm
 from ringzero.plan.comm.chunks import chunk_bounds
 from ringzero.comm.algorithms.butterfly import Fold, absorb, folded_out, gather_doubling
+from ringzero.comm.algorithms.reducing import exchange_reduce
 
 
 def _halving_steps(f: Fold) -> list[tuple[int, tuple[int, int], tuple[int, int]]]:
@@ -68,8 +69,7 @@ def scatter_halving(c: Comm, buf: Buffer, sb: Sequence[int], f: Fold, scratch: B
         scratch = c.empty(sb[first_keep[1]] - sb[first_keep[0]])
     for partner, (klo, khi), (glo, ghi) in steps:
         peer, size = f.real(partner), sb[khi] - sb[klo]
-        c.sendrecv([(peer, buf[sb[glo]:sb[ghi]])], [(peer, scratch[:size])])
-        c.reduce(buf[sb[klo]:sb[khi]], scratch[:size])
+        exchange_reduce(c, peer, buf[sb[klo]:sb[khi]], scratch[:size], sends=[(peer, buf[sb[glo]:sb[ghi]])]).wait()
 
 
 def _folded_in(c: Comm, buf: Buffer, count: int, f: Fold) -> Buffer | None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ringzero.comm.protocol import Buffer, Comm, Handle
+from ringzero.comm.algorithms.reducing import exchange_reduce
 
 
 def _top(vr: int, n: int) -> int:
@@ -74,13 +75,12 @@ def reduce(c: Comm, buf: Buffer, bounds: Sequence[int], root: int) -> None:
     scratch = [c.empty(bounds[-1] - bounds[0]) for _ in range(min(2, len(kids)))]
 
     def post(i: int) -> Handle:
-        return c.exchange(recvs=[(kids[i], scratch[i % 2])])
+        return exchange_reduce(c, kids[i], whole, scratch[i % 2])
 
     pending = post(0) if kids else None
     for i in range(len(kids)):
         nxt = post(i + 1) if i + 1 < len(kids) else None
-        pending.wait()
-        c.reduce(whole, scratch[i % 2])
+        pending.wait()             # reduced into `whole` by then
         pending = nxt
     if vr:
         c.sendrecv(sends=[((vr - (1 << _top(vr, n)) + root) % n, whole)])

@@ -94,13 +94,15 @@ class AlphaBetaGamma:
 
 
 DEFAULT = AlphaBetaGamma()
-SHM_DEFAULT = AlphaBetaGamma(alpha=24e-6, beta=0.115e-9, gamma=0.11e-9, per_message=11e-6, per_call=120e-6,
-                             host_message=7.3e-6, host_beta=0.07e-9, host_gamma=0.057e-9)
+SHM_DEFAULT = AlphaBetaGamma(alpha=36e-6, beta=0.05e-9, gamma=0.074e-9, per_message=14e-6, per_call=110e-6,
+                             host_message=11e-6, host_beta=0.074e-9, host_gamma=0.052e-9)
 """The defaults for ranks on one host talking through shared memory (`comm.transport`): a hand-off
 costs microseconds, not gloo's hundreds. The shared model of `ringzero bench comm --nproc 4
 --ranks-per-node 2 --calibrate --transport shm` (every collective and algorithm, 2-4 ranks, 1 KiB-16 MiB,
-528 rows) on the development machine (2 vCPUs), 2026-12-07, fitted toward a first guess of the physics
-(a hand-off of ~10 µs, copies at ~10 GB/s) and rounded; see `DEFAULTS`."""
+552 rows) on the development machine (2 vCPUs), 2026-12-07, with every algorithm reducing straight
+from the peer's slots, rounded to two digits; see `DEFAULTS`. Scored against a separate measurement
+(`benchmarks/bench_comm.py`, 144 cells) these picks have a mean regret of 5.3 %, the previous
+defaults' (fitted before the butterfly, Rabenseifner and the tree reduced from the slots) 6.6 %."""
 DEFAULTS = {"gloo": DEFAULT, "shm": SHM_DEFAULT}
 """What `algorithm="auto"` prices with when there is no calibration, by the transport the call's
 messages take (`comm.transport`), and what a calibration is pulled toward (`comm.cost.PRIOR`)."""
