@@ -7,6 +7,9 @@
   at 2 and 4 ranks. As nccl-tests times them: a repetition is `INNER` calls back to back (the
   slowest rank's time, divided), the peers alternate repetition by repetition so that the machine's
   drift hits each alike, and the median of `--reps` repetitions is reported.
+- The same ring on a tensor made by `comm.transport.shared.zeros` ("shm ring, shared"): its
+  messages go by reference, the peers reading them in place (nccl-tests' registered buffers,
+  `-R 1`; ringzero's data-parallel gradient buckets are such tensors).
 - This machine's single-thread memcpy bandwidth (a 64 MiB torch copy on one thread), measured in the
   same run: the ring's busbw is set beside half of it.
 
@@ -25,6 +28,7 @@ import torch.distributed as dist
 
 from ringzero import comm, launch
 from ringzero.comm.point_to_point import post
+from ringzero.comm.transport import shared
 
 SIZES = (4 << 20, 16 << 20, 64 << 20)
 PINGS = 2000
@@ -74,7 +78,11 @@ def _slowest(seconds: float) -> float:
 def _allreduce(nbytes: int, reps: int) -> dict[str, float]:
     """Median seconds (slowest rank) of each peer at `nbytes`."""
     x = torch.randn(nbytes // 4)
+    with comm.configure(transport="shm"):
+        xs = shared.zeros(nbytes // 4, torch.float32)
+    xs.copy_(x)
     runs = {"shm ring": lambda: comm.all_reduce(x, algorithm="ring"),
+            "shm ring, shared": lambda: comm.all_reduce(xs, algorithm="ring"),
             "gloo ring": lambda: comm.all_reduce(x, algorithm="ring"),
             "gloo all_reduce": lambda: dist.all_reduce(x)}
     out = {name: [] for name in runs}
@@ -109,14 +117,16 @@ def main() -> None:
         ping = got["pingpong_s"]
         print(f"\n{n} ranks: one 4-byte message: gloo {ping['gloo'] * 1e6:.1f} us, shm {ping['shm'] * 1e6:.1f} us "
               f"({ping['gloo'] / ping['shm']:.0f}x)")
-        print(f"{'size':>8} {'shm ring':>10} {'gloo ring':>10} {'gloo all_reduce':>16} {'busbw shm':>10} "
-              f"{'x gloo all_reduce':>18} {'x memcpy':>9}")
+        print(f"{'size':>8} {'shm ring':>10} {'shared':>10} {'gloo ring':>10} {'gloo all_reduce':>16} "
+              f"{'busbw shm':>10} {'x gloo all_reduce':>18} {'x memcpy':>9} {'shared x memcpy':>16}")
         for row in got["rows"]:
-            bus = {k: row["bytes"] / row[k] / 1e9 * 2 * (n - 1) / n for k in ("shm ring", "gloo ring", "gloo all_reduce")}
+            bus = {k: row["bytes"] / row[k] / 1e9 * 2 * (n - 1) / n
+                   for k in ("shm ring", "shm ring, shared", "gloo ring", "gloo all_reduce")}
             row["busbw_gbps"] = bus
-            print(f"{row['bytes'] >> 20:>6}Mi {row['shm ring'] * 1e3:>8.2f}ms {row['gloo ring'] * 1e3:>8.2f}ms "
-                  f"{row['gloo all_reduce'] * 1e3:>14.2f}ms {bus['shm ring']:>8.2f}GB/s "
-                  f"{bus['shm ring'] / bus['gloo all_reduce']:>17.2f}x {bus['shm ring'] / copy:>8.2f}x")
+            print(f"{row['bytes'] >> 20:>6}Mi {row['shm ring'] * 1e3:>8.2f}ms {row['shm ring, shared'] * 1e3:>8.2f}ms "
+                  f"{row['gloo ring'] * 1e3:>8.2f}ms {row['gloo all_reduce'] * 1e3:>14.2f}ms {bus['shm ring']:>8.2f}GB/s "
+                  f"{bus['shm ring'] / bus['gloo all_reduce']:>17.2f}x {bus['shm ring'] / copy:>8.2f}x "
+                  f"{bus['shm ring, shared'] / copy:>15.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

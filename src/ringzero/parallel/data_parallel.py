@@ -3,11 +3,18 @@
 Each bucket is all-reduced once per step, on the last micro-batch, as soon as its last gradient has
 arrived (DDP's overlap of communication with backward); the sum is averaged by the optimizer. A
 registered communication hook (`parallel.compression`) reduces the bucket instead.
+
+The gradient buckets live in shared memory that the other ranks of this host have mapped
+(`comm.transport.shared`, made once at construction: collective, the same buckets on every
+rank), so the all-reduce's messages between them travel by reference, without a copy into the
+transport's slots (NCCL's registered buffers). Under transport gloo, or on a GPU, they are plain
+tensors.
 """
 
 from __future__ import annotations
 
 from ringzero import comm
+from ringzero.comm.transport import shared
 from ringzero.plan.strategies.sharding import DP
 from ringzero.parallel.flat_group import FlatGroup
 from ringzero.parallel.flat_strategy import FlatStrategy
@@ -15,6 +22,14 @@ from ringzero.parallel.flat_strategy import FlatStrategy
 
 class DataParallel(FlatStrategy):
     sharding = DP
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.topology.dp > 1:
+            for g in self.groups:
+                b = g.bucket
+                if b.device.type == "cpu":
+                    g.grad_flat = shared.zeros(b.padded, b.dtype, self.group)
 
     def _reduce(self, g: FlatGroup) -> None:
         if self.comm_hook.active:

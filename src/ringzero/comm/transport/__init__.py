@@ -10,6 +10,8 @@
 - `channel`: one direction between two ranks, a single-producer single-consumer ring of slots;
   `outbound` and `inbound` its two ends.
 - `shm`: a group's `send`/`recv` over those channels, in a gloo ProcessGroup's shape.
+- `shared`: tensors in shared memory that the peers of this host have mapped, whose messages go
+  by reference (registered buffers); `regions` keeps track of them.
 - `route`: `p2p` and `in_use` below; `layout`: a segment's bytes; `preflight`: checks before ranks start.
 
 `p2p(group, device)` is what the algorithms' `TorchComm` and `comm.point_to_point` post their

@@ -22,11 +22,11 @@ import time
 import numpy as np
 import torch
 
-from ringzero.comm.transport.layout import DATA as _DATA, HEADER, MAGIC, SLOT_HEADER, SPACE as _SPACE
+from ringzero.comm.transport.layout import ACKS as _ACKS, DATA as _DATA, HEADER, MAGIC, SLOT_HEADER, SPACE as _SPACE
 from ringzero.comm.transport.segment import alive
 from ringzero.comm.transport.sem import PeerGone, Semaphore
 
-pack, unpack = struct.Struct("qqq").pack_into, struct.Struct("qqq").unpack_from
+pack, unpack = struct.Struct("qqqq").pack_into, struct.Struct("qqqq").unpack_from
 copy = ctypes.memmove
 """Bytes between a tensor and a slot: one libc memmove (the GIL released), which costs a fraction of a
 torch `copy_`'s dispatch on the small messages whose hand-off is the whole cost."""
@@ -40,19 +40,21 @@ class Ring:
         self.bytes = torch.frombuffer(mm, dtype=torch.uint8)
         self._anchor = ctypes.c_char.from_buffer(mm)       # keeps the address valid while mapped
         self.base = base = ctypes.addressof(self._anchor)
-        self.space, self.data = Semaphore(base + _SPACE), Semaphore(base + _DATA)
+        self.space, self.data, self.acks = Semaphore(base + _SPACE), Semaphore(base + _DATA), Semaphore(base + _ACKS)
         self.slots, self.slot_bytes = slots, slot_bytes
         self.stride = SLOT_HEADER + slot_bytes
         self.peer, self.peer_pid, self.timeout_s = peer, peer_pid, timeout_s
 
-    def header(self, k: int, tag: int, n: int, payload: int) -> int:
-        """Write slot k's header (tag, message bytes, payload bytes); returns its payload's offset."""
+    def header(self, k: int, tag: int, n: int, payload: int, at: int = 0) -> int:
+        """Write slot k's header (tag, message bytes, payload bytes, and for a message left in the
+        sender's shared tensor `layout.REF - region` as the payload and its offset `at`); returns
+        its payload's offset."""
         off = HEADER + (k % self.slots) * self.stride
-        pack(self.mm, off, tag, n, payload)
+        pack(self.mm, off, tag, n, payload, at)
         return off + SLOT_HEADER
 
-    def read_header(self, k: int) -> tuple[int, int, int, int]:
-        """Slot k's (tag, message bytes, payload bytes, payload offset)."""
+    def read_header(self, k: int) -> tuple[int, int, int, int, int]:
+        """Slot k's (tag, message bytes, payload bytes, shared offset, payload offset)."""
         off = HEADER + (k % self.slots) * self.stride
         return (*unpack(self.mm, off), off + SLOT_HEADER)
 
@@ -76,6 +78,7 @@ def init_header(mm, slots: int, slot_bytes: int, sender_pid: int) -> None:
     base = ctypes.c_char.from_buffer(mm)
     Semaphore(ctypes.addressof(base) + _SPACE).init(slots)
     Semaphore(ctypes.addressof(base) + _DATA).init(0)
+    Semaphore(ctypes.addressof(base) + _ACKS).init(0)
     del base
     words[0] = MAGIC                                   # last: the header is complete
 

@@ -4,7 +4,8 @@ Messages match as gloo matches them: by (peer, tag), in posting order. The recei
 posted receives in order; a message whose tag no posted receive wants yet is read into a side
 buffer (MPI's unexpected queue) so that the ring keeps moving, and a later receive of that tag
 takes it from there. A receive with `fold` reduces the message into its destination straight from
-the slots (one pass fewer than landing it in scratch first).
+the slots (one pass fewer than landing it in scratch first). A message the sender left in its
+shared tensor (`shared`) is read there, and acknowledged once read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import threading
 
 import torch
 
+from ringzero.comm.transport import regions
+from ringzero.comm.transport.layout import REF
 from ringzero.comm.transport.channel import Ring, copy
 
 
@@ -88,27 +91,24 @@ class Inbound:
         """Read the next message whole, into the first posted receive of its tag or aside."""
         r = self.r
         r.take(r.data)
-        tag, n, k, off = r.read_header(self.tail)
+        tag, n, k, at, off = r.read_header(self.tail)
         with self.lock:
             target = next((op for op in self.posted if op.tag == tag), None)
             if target is not None:
                 self._fit(target, n)
                 self.posted.remove(target)
         aside = torch.empty(n, dtype=torch.uint8) if target is None else None
-        got = 0
-        while True:
-            if k:
-                if target is None:
-                    copy(aside.data_ptr() + got, r.base + off, k)
-                else:
-                    target.take(got, r.bytes[off:off + k])
-            got += k
+        if k <= REF:                      # left in the sender's shared tensor: read it there
             self.tail += 1
             r.space.post()
-            if got >= n:
-                break
-            r.take(r.data)
-            _, _, k, off = r.read_header(self.tail)
+            src = regions.theirs(r.peer_pid, REF - k)[at:at + n]
+            if target is None:
+                copy(aside.data_ptr(), src.data_ptr(), n)
+            else:
+                target.take(0, src)
+            r.acks.post()
+        else:
+            self._read_slots(target, aside, n, k, off)
         if target is not None:
             target.done = True
             return
@@ -119,3 +119,20 @@ class Inbound:
             else:
                 self.posted.remove(later)
                 self._deliver(later, aside)
+
+    def _read_slots(self, target: _Recv | None, aside: torch.Tensor | None, n: int, k: int, off: int) -> None:
+        """A message copied into the slots: k bytes in the first, at `off`, the rest in the next ones."""
+        r, got = self.r, 0
+        while True:
+            if k:
+                if target is None:
+                    copy(aside.data_ptr() + got, r.base + off, k)
+                else:
+                    target.take(got, r.bytes[off:off + k])
+            got += k
+            self.tail += 1
+            r.space.post()
+            if got >= n:
+                return
+            r.take(r.data)
+            _, _, k, _, off = r.read_header(self.tail)

@@ -1,16 +1,21 @@
 """The byte layout of a channel's segment (torch-free, so the command line can size /dev/shm).
 
-    header  HEADER bytes: magic, slots, slot bytes, sender pid; two sem_t at SPACE and DATA
-    slot k  SLOT_HEADER bytes (tag, message bytes, payload bytes), then SLOT_BYTES of payload
+    header  HEADER bytes: magic, slots, slot bytes, sender pid; sem_t at SPACE, DATA and ACKS
+    slot k  SLOT_HEADER bytes (tag, message bytes, payload bytes, shared offset), then SLOT_BYTES
+            of payload
 """
 
 from __future__ import annotations
 
-MAGIC = 0x315F4D48535A52    # "RZSHM_1"
+MAGIC = 0x325F4D48535A52    # "RZSHM_2"
 HEADER = 256
-SPACE, DATA = 64, 128
-"""Byte offsets of the `space` (free slots) and `data` (filled slots) semaphores."""
+SPACE, DATA, ACKS = 64, 128, 192
+"""Byte offsets of the `space` (free slots), `data` (filled slots) and `acks` (messages read in
+place out of the sender's shared tensor, `shared`) semaphores."""
 SLOT_HEADER = 64
+REF = -1
+"""A slot whose payload bytes are `REF - region` holds no payload: its message is left in the sender's
+shared tensor `region` (`shared`), at the offset the slot header's fourth word gives."""
 SLOT_BYTES = 1 << 20
 """Payload per slot: one ring segment (`plan.comm.chunks.SEGMENT_BYTES`), so a segment costs one
 hand-off of Python work on each side."""

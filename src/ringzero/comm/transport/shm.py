@@ -23,7 +23,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from ringzero.comm.transport import channel, hosts, layout, segment
+from ringzero.comm.transport import channel, hosts, layout, regions, segment
 from ringzero.comm.transport.inbound import Inbound
 from ringzero.comm.transport.outbound import Outbound
 
@@ -76,7 +76,8 @@ class ShmGroup:
         (t,) = tensors
         if not self.local(peer):
             return self._pg().send(tensors, peer, tag)
-        return self._outbound(peer).send(_bytes(t), tag)
+        data = _bytes(t)
+        return self._outbound(peer).send(data, tag, regions.find(data.data_ptr(), len(data), self.ranks[peer]))
 
     def recv(self, tensors, peer: int, tag: int):
         (t,) = tensors
