@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ringzero.parallel.quantize import dequantize, quantize
@@ -13,6 +13,7 @@ from ringzero.plan.strategies import quantization as plan
 
 
 @settings(max_examples=60, deadline=None)
+@example(n=1338, bits=8, block=2, scale=107.0, seed=1597)
 @given(n=st.integers(1, 2000), bits=st.sampled_from(plan.BITS), block=st.sampled_from([2, 8, 64, 256]),
        scale=st.floats(1e-6, 1e6), seed=st.integers(0, 2**31 - 1))
 def test_round_trip_error_is_within_half_a_step_and_bytes_are_the_planners(n, bits, block, scale, seed):
@@ -23,7 +24,11 @@ def test_round_trip_error_is_within_half_a_step_and_bytes_are_the_planners(n, bi
     pad = (-n) % block
     absmax = torch.cat([x, x.new_zeros(pad)]).view(-1, block).abs().amax(1).repeat_interleave(block)[:n]
     bound = absmax / (2 * plan.levels(bits))
-    assert bool(((y - x).abs() <= bound * (1 + 1e-6) + 1e-30).all())
+    # Half a step exactly, plus float32's rounding of code * step, which is relative to the block's
+    # magnitude and not to the step (x = 51.21 in a block of absmax 113.1 at 8 bits came out 1.5e-6
+    # past half a step of 0.445: less than half an ulp of |x|).
+    slack = 2 * torch.finfo(torch.float32).eps * absmax
+    assert bool(((y - x).abs() <= bound * (1 + 1e-6) + slack + 1e-30).all())
     assert qt.nbytes == plan.quantized_bytes(n, bits, block)
     if bits == 8:                       # no code beyond ±127, though nothing clamps them
         assert int(qt.codes.abs().max()) <= plan.levels(8)
