@@ -15,7 +15,7 @@ def sender(seg: str, receiver_pid: int, messages: list[tuple[int, int, int]], di
     """Create segment `seg`, send `messages` [(tag, bytes, seed)], wait for them; `die`: SIGKILL
     itself after the first message instead."""
     mm = segment.create(seg, layout.segment_bytes(),
-                        lambda m: channel.init_header(m, layout.SLOTS, layout.SLOT_BYTES, os.getpid()))
+                        lambda m: channel.init_header(m, layout.SLOTS, layout.SLOT_BYTES, os.getpid(), layout.ENTRIES))
     out = Outbound(channel.ring(mm, "rank 1", receiver_pid, 30.0))
     works = []
     for i, (tag, n, seed) in enumerate(messages):

@@ -53,7 +53,8 @@ class Inbound:
         self._attach = attach
         """Opens the sender's segment: called by the first wait, never by a post, since two ranks
         that each post a receive before a send would otherwise wait for each other's segment."""
-        self.tail = 0
+        self.tail = self.slot = 0
+        """The next entry and the next slot to read."""
         self.posted: collections.deque[_Recv] = collections.deque()
         self.early: dict[int, collections.deque[torch.Tensor]] = {}
         self.lock, self.reading = threading.Lock(), threading.Lock()
@@ -91,7 +92,7 @@ class Inbound:
         """Read the next message whole, into the first posted receive of its tag or aside."""
         r = self.r
         r.take(r.data)
-        tag, n, k, at, off = r.read_header(self.tail)
+        tag, n, k, at = r.read_header(self.tail)
         with self.lock:
             target = next((op for op in self.posted if op.tag == tag), None)
             if target is not None:
@@ -108,7 +109,7 @@ class Inbound:
                 target.take(0, src)
             r.acks.post()
         else:
-            self._read_slots(target, aside, n, k, off)
+            self._read_slots(target, aside, n, k)
         if target is not None:
             target.done = True
             return
@@ -120,19 +121,22 @@ class Inbound:
                 self.posted.remove(later)
                 self._deliver(later, aside)
 
-    def _read_slots(self, target: _Recv | None, aside: torch.Tensor | None, n: int, k: int, off: int) -> None:
-        """A message copied into the slots: k bytes in the first, at `off`, the rest in the next ones."""
+    def _read_slots(self, target: _Recv | None, aside: torch.Tensor | None, n: int, k: int) -> None:
+        """A message copied through the channel: k bytes in the next slot, the rest in the ones after."""
         r, got = self.r, 0
         while True:
             if k:
+                off = r.slot(self.slot)
                 if target is None:
                     copy(aside.data_ptr() + got, r.base + off, k)
                 else:
                     target.take(got, r.bytes[off:off + k])
+                self.slot += 1
+                r.bufs.post()
             got += k
             self.tail += 1
             r.space.post()
             if got >= n:
                 return
             r.take(r.data)
-            _, _, k, _, off = r.read_header(self.tail)
+            _, _, k, _ = r.read_header(self.tail)

@@ -1,31 +1,35 @@
 """The byte layout of a channel's segment (torch-free, so the command line can size /dev/shm).
 
-    header  HEADER bytes: magic, slots, slot bytes, sender pid; sem_t at SPACE, DATA and ACKS
-    slot k  SLOT_HEADER bytes (tag, message bytes, payload bytes, shared offset), then SLOT_BYTES
-            of payload
+    header   HEADER bytes: magic, slots, slot bytes, sender pid, entries; sem_t at SPACE, DATA,
+             ACKS and BUFS
+    entry k  ENTRY_BYTES: one message piece's (tag, message bytes, payload bytes, shared offset)
+    slot j   SLOT_BYTES of payload
 """
 
 from __future__ import annotations
 
-MAGIC = 0x325F4D48535A52    # "RZSHM_2"
-HEADER = 256
-SPACE, DATA, ACKS = 64, 128, 192
-"""Byte offsets of the `space` (free slots), `data` (filled slots) and `acks` (messages read in
-place out of the sender's shared tensor, `shared`) semaphores."""
-SLOT_HEADER = 64
+MAGIC = 0x335F4D48535A52    # "RZSHM_3"
+HEADER = 512
+SPACE, DATA, ACKS, BUFS = 64, 128, 192, 256
+"""Byte offsets of the semaphores: `space` (free entries), `data` (written entries), `acks`
+(messages read in place out of the sender's shared tensor, `shared`) and `bufs` (free slots)."""
+ENTRIES = 64
+"""Entries per direction: a message cut from a shared tensor takes an entry and no slot, so up to
+64 such messages are in flight without the sender ever waiting."""
+ENTRY_BYTES = 64
 REF = -1
-"""A slot whose payload bytes are `REF - region` holds no payload: its message is left in the sender's
-shared tensor `region` (`shared`), at the offset the slot header's fourth word gives."""
+"""An entry whose payload bytes are `REF - region` has no slot: its message is left in the
+sender's shared tensor `region` (`shared`), at the offset the entry's fourth word gives."""
 SLOT_BYTES = 1 << 20
 """Payload per slot: one ring segment (`plan.comm.chunks.SEGMENT_BYTES`), so a segment costs one
 hand-off of Python work on each side."""
 SLOTS = 4
-"""Slots per direction: 4 MiB in flight between two ranks."""
+"""Slots per direction: 4 MiB of copied messages in flight between two ranks."""
 
 
-def segment_bytes(slots: int = SLOTS, slot_bytes: int = SLOT_BYTES) -> int:
+def segment_bytes(slots: int = SLOTS, slot_bytes: int = SLOT_BYTES, entries: int = ENTRIES) -> int:
     """Bytes of one channel's segment."""
-    return HEADER + slots * (SLOT_HEADER + slot_bytes)
+    return HEADER + entries * ENTRY_BYTES + slots * slot_bytes
 
 
 def channels_bytes(group_sizes) -> int:

@@ -6,7 +6,7 @@ slots. Otherwise two ranks that post more than a ring's worth of sends to each o
 receiving (the pipelined ring posts a whole chunk's segments) would each wait for the other to
 drain. The caller must not touch a sent tensor until its send's `wait()` returns, as with gloo.
 
-A message cut from this rank's shared tensor (`shared`) takes one slot and no payload: its header
+A message cut from this rank's shared tensor (`shared`) takes one entry and no slot: its entry
 says where the bytes are, the receiver reads them there and posts `acks`, and the send's `wait()`
 returns once the receiver has posted the acknowledgement of it (messages are read in order, so the
 k-th such message of a channel is acknowledged by its k-th post).
@@ -82,7 +82,8 @@ class Outbound:
 
     def __init__(self, ring: Ring) -> None:
         self.r = ring
-        self.head = 0
+        self.head = self.slot = 0
+        """The next entry and the next slot to write."""
         self.queue: collections.deque[_Send] = collections.deque()
         self.lock = threading.Condition()
         self.thread = None
@@ -103,12 +104,8 @@ class Outbound:
             return self._send_ref(data, tag, ref)
         n, r = data.numel(), self.r
         with self.lock:
-            if n <= r.slot_bytes and not self.queue and r.space.trywait():
-                off = r.header(self.head, tag, n, n)     # one free slot holds it: written, done
-                if n:
-                    copy(r.base + off, data.data_ptr(), n)
-                self.head += 1
-                r.data.post()
+            if n <= r.slot_bytes and not self.queue and self._free(n, block=False):
+                self._piece(tag, n, data.data_ptr(), n)    # one free slot holds it: written, done
                 return DONE
         op = _Send(data, tag)
         with self.lock:
@@ -141,13 +138,36 @@ class Outbound:
             self.thread = threading.Thread(target=self._run, daemon=True, name="ringzero-shm-writer")
             self.thread.start()
 
+    def _free(self, k: int, block: bool) -> bool:
+        """Take an entry and, for k > 0 bytes to copy, a slot (`block`: waiting for them)."""
+        r = self.r
+        if block:
+            r.take(r.space)
+            if k:
+                r.take(r.bufs)
+            return True
+        if not r.space.trywait():
+            return False
+        if k and not r.bufs.trywait():
+            r.space.post()                           # no slot free: give the entry back
+            return False
+        return True
+
+    def _piece(self, tag: int, n: int, src: int, k: int) -> None:
+        """Write one piece of a message of n bytes: k bytes from address `src` into the next slot."""
+        r = self.r
+        r.header(self.head, tag, n, k)
+        if k:
+            copy(r.base + r.slot(self.slot), src, k)
+            self.slot += 1
+        self.head += 1
+        r.data.post()
+
     def _write(self, op: _Send, block: bool) -> None:
-        """Write op's slots while slots are free (`block`: waiting for each)."""
+        """Write op's pieces while entries and slots are free (`block`: waiting for each)."""
         r, data, n = self.r, op.data, len(op.data)
-        if op.ref is not None:                       # one slot, no payload: where the bytes are
-            if block:
-                r.take(r.space)
-            elif not r.space.trywait():
+        if op.ref is not None:                       # one entry, no slot: where the bytes are
+            if not self._free(0, block):
                 return
             region, at = op.ref
             r.header(self.head, op.tag, n, REF - region, at)
@@ -156,18 +176,12 @@ class Outbound:
             r.data.post()
             return
         while not op.written:
-            if block:
-                r.take(r.space)
-            elif not r.space.trywait():
-                return
             k = min(r.slot_bytes, n - op.sent)
-            off = r.header(self.head, op.tag, n, k)
-            if k:
-                copy(r.base + off, data.data_ptr() + op.sent, k)
+            if not self._free(k, block):
+                return
+            self._piece(op.tag, n, data.data_ptr() + op.sent, k)
             op.sent += k
             op.written = op.sent >= n
-            self.head += 1
-            r.data.post()
 
     def _run(self) -> None:
         while True:

@@ -118,7 +118,7 @@ class ShmGroup:
     def _create(self, peer: int) -> Outbound:
         """Make this rank's segment toward `peer`, filled before it gets its name (`segment.create`)."""
         mm = segment.create(self._name(self.me, peer, os.getpid()), layout.segment_bytes(),
-                            lambda m: channel.init_header(m, layout.SLOTS, layout.SLOT_BYTES, os.getpid()))
+                            lambda m: channel.init_header(m, layout.SLOTS, layout.SLOT_BYTES, os.getpid(), layout.ENTRIES))
         _, pid = hosts.peer(self.ranks[peer])
         return Outbound(channel.ring(mm, f"rank {self.ranks[peer]}", pid, self.timeout_s))
 
