@@ -18,7 +18,7 @@ import torch.distributed as dist
 from ringzero import comm
 from ringzero.comm import transport
 from ringzero.comm.registry import TABLE
-from ringzero.comm.transport import hosts, regions, shared
+from ringzero.comm.transport import hosts, layout, regions, segment, shared
 from ringzero.plan.comm.algorithms import NODE_AWARE, fits
 
 COUNTS = (70_001, 1_100_003)
@@ -125,3 +125,19 @@ def _plain_under_gloo(group) -> tuple[bool, bool]:
 
 def test_under_gloo_a_shared_tensor_is_a_plain_one(pool):
     assert pool.run(_plain_under_gloo, world=2) == [(True, True), (True, True)]
+
+
+def _small_shm(group) -> tuple[bool, bool]:
+    """A /dev/shm with room for the tensor but not for the channels besides: every rank plain."""
+    real = segment.free_bytes
+    segment.free_bytes = lambda: 2 * (1 << 20) + layout.channels_bytes([dist.get_world_size(group)]) - 1
+    try:
+        with comm.configure(transport="shm"):
+            t = shared.zeros(1 << 18, torch.float32, group)
+    finally:
+        segment.free_bytes = real
+    return regions.find(t.data_ptr(), t.numel() * 4, 1 - dist.get_rank(group)) is None, not _names()
+
+
+def test_a_dev_shm_without_room_for_the_channels_besides_gives_plain_tensors(pool):
+    assert pool.run(_small_shm, world=2) == [(True, True), (True, True)]

@@ -16,6 +16,8 @@ segment (`segment.create`: 0600, O_EXCL, reserved), the group agrees that all of
 each rank maps every local peer's segment (`segment.attach`: owner, mode and size checked), and
 after a second agreement each rank unlinks its own name: from then on only the mappings hold the
 memory, which the kernel frees when the last process holding it ends, by exit or by `kill -9`.
+A /dev/shm that could not also hold the channels the group's local ranks may open gives plain
+tensors too.
 Under transport "gloo", on a group with no other rank on this host, or for a non-CPU tensor, it is
 `torch.zeros`.
 """
@@ -29,7 +31,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from ringzero.comm.transport import hosts, regions, segment
+from ringzero.comm.transport import hosts, layout, regions, segment
 from ringzero.comm.transport.route import p2p
 from ringzero.comm.transport.shm import ShmGroup
 
@@ -46,18 +48,23 @@ def zeros(numel: int, dtype: torch.dtype, group=None) -> torch.Tensor:
     size = max(_PAGE, -(-numel * dtype.itemsize // _PAGE) * _PAGE)
     index = regions.next_index()
     name = _name(os.getpid(), dist.get_rank(), index)
-    try:
-        mm = segment.create(name, size)
-    except OSError:                     # /dev/shm too small: every rank takes a plain tensor
-        mm = None
-    mine = torch.tensor([int(mm is not None), index, size, os.getpid()], dtype=torch.int64)
+    peers = [p for p in range(len(sg.ranks)) if p != sg.me and sg.local(p)]
+    mm = None
+    # Leave /dev/shm room for the channels the group's ranks of this host may still open (made when
+    # a pair first talks, so after this): a tensor that took it would fail a later send, not here.
+    room = segment.free_bytes() - (len(peers) + 1) * size >= layout.channels_bytes([len(peers) + 1])
+    if peers and room:
+        try:
+            mm = segment.create(name, size)
+        except OSError:                 # /dev/shm too small: every rank takes a plain tensor
+            mm = None
+    mine = torch.tensor([int(mm is not None or not peers), index, size, os.getpid()], dtype=torch.int64)
     everyone = [torch.empty_like(mine) for _ in sg.ranks]
     dist.all_gather(everyone, mine, group=pg)
     if not all(int(t[0]) for t in everyone):
         if mm is not None:
             segment.unlink(name)
         return torch.zeros(numel, dtype=dtype)
-    peers = [p for p in range(len(sg.ranks)) if p != sg.me and sg.local(p)]
     try:
         theirs = {}
         for p in peers:
@@ -69,7 +76,10 @@ def zeros(numel: int, dtype: torch.dtype, group=None) -> torch.Tensor:
             theirs[(pid, idx)] = torch.frombuffer(got, dtype=torch.uint8)
         dist.barrier(group=pg)          # every peer has mapped this rank's segment: drop its name
     finally:
-        segment.unlink(name)
+        if mm is not None:
+            segment.unlink(name)
+    if mm is None:                      # no other rank of the group on this host
+        return torch.zeros(numel, dtype=dtype)
     out = torch.frombuffer(mm, dtype=dtype, count=numel)
     regions.add(index, out.data_ptr(), out.data_ptr() + size, (sg.ranks[p] for p in peers), theirs)
     # When the last view of the tensor dies its memory is unmapped and the address may be reused:
