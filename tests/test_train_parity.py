@@ -199,3 +199,33 @@ def test_torch_module_matches_adamw(pool, strategy):
             bad += [b for rank_bad in pool.run(_nn_parity, strategy, micro, bucket_mb, world=world)
                     for b in rank_bad]
     assert not bad, f"{len(bad)} mismatches; first: {bad[:3]}"
+
+
+def _replica_weights(group, layout: dict):
+    """The full weights this rank's replica starts from when every rank seeds otherwise."""
+    from ringzero.parallel.topology import Topology
+    from ringzero.plan.placement import Placement
+    from ringzero.train.replica import Replica
+    rank = torch.distributed.get_rank(group)
+    cfg = TrainConfig(**{**BASE, **layout}, seed=7 * rank)
+    world = torch.distributed.get_world_size(group)
+    topo = Topology.build(Placement.for_world(world, tp=cfg.parallel.tp), group)
+    replica = Replica(cfg, topo)
+    out = {k: torch.tensor(v) for k, v in replica.full_params().items()}
+    replica.close()
+    return out
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("layout", [dict(strategy="dp"), dict(strategy="zero3"), dict(strategy="zero1", tp=2)],
+                         ids=["dp", "zero3", "tp"])
+def test_every_replica_starts_from_the_first_ranks_weights(pool, layout):
+    """A rank whose seed differs still starts from the first rank's weights (broadcast before any
+    split), which are the weights of the first rank's seed."""
+    want = pool.run(_replica_weights, layout, world=1) if "tp" not in layout else None
+    got = pool.run(_replica_weights, layout, world=2)
+    for weights in got:
+        assert weights.keys() == got[0].keys()
+        assert all(torch.equal(weights[k], got[0][k]) for k in weights)
+    if want is not None:
+        assert all(torch.equal(got[0][k], want[0][k]) for k in want[0])

@@ -27,8 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS, ACCUM, BATCH, LR, CLIP = 3, 2, 4, 1e-2, 0.5
 
 
-def _mlp() -> nn.Module:
-    torch.manual_seed(0)
+def _mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 1))
 
 
@@ -40,10 +40,16 @@ def _loss(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (out - x.sum(dim=1, keepdim=True)).pow(2).mean()
 
 
-def _train(group, strategy: str, tp: int = 1, steps: int = STEPS, state=None):
+def _own_seed(group, apart: bool) -> int:
+    """The seed this rank builds its model with: 0 everywhere, or with `apart` 0 on the first rank
+    only, so that the engine must start every rank from the first rank's weights."""
+    return torch.distributed.get_rank(group) * 7 if apart else 0
+
+
+def _train(group, strategy: str, tp: int = 1, steps: int = STEPS, state=None, apart: bool = False):
     from ringzero.parallel import AdamConfig, wrap
     plan = {"0": "colwise", "2": "rowwise"} if tp > 1 else None     # Linear(8,32) by columns, (32,32) by rows
-    engine = wrap(_mlp(), strategy=strategy, optimizer=AdamConfig(lr=LR, clip=CLIP), group=group,
+    engine = wrap(_mlp(_own_seed(group, apart)), strategy=strategy, optimizer=AdamConfig(lr=LR, clip=CLIP), group=group,
                   grad_accum=ACCUM, bucket_mb=0.001, tp=tp, tp_plan=plan)
     dp_rank = engine.topology.dp_rank
     start = 0
@@ -125,13 +131,50 @@ def test_state_dict_resumes_bit_for_bit(pool):
         assert all(torch.equal(weights[k], w2[k]) for k in weights)
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("strategy, tp, world", [("dp", 1, 2), ("zero1", 1, 2), ("zero2", 1, 2), ("zero3", 1, 2),
+                                                 ("zero2", 2, 4)])
+def test_replicas_built_from_different_seeds_start_from_the_first_ranks(pool, strategy, tp, world):
+    """Every rank but the first builds its model from another seed: the engine broadcasts the first
+    rank's weights before splitting or sharding them (as DDP does), so training still matches one
+    process that started from the first rank's model."""
+    ref_losses, ref_weights = _reference(world // tp)
+    for rank, (losses, weights, *_rest) in enumerate(pool.run(_train, strategy, tp, STEPS, None, True, world=world)):
+        assert _close(losses, ref_losses[rank // tp]), (rank, losses)
+        for name, w in ref_weights.items() if tp == 1 else ():      # under tp: this rank's slices
+            assert _close(weights[name], w), (rank, name)
+
+
+def _buffers_after_wrap(group, strategy: str):
+    from ringzero.parallel import AdamConfig, wrap
+    rank = torch.distributed.get_rank(group)
+    model = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    with torch.no_grad():
+        model[1].running_mean.fill_(float(rank))
+        model[1].running_var.fill_(1.0 + rank)
+        model[1].num_batches_tracked.fill_(rank)
+    engine = wrap(model, strategy=strategy, optimizer=AdamConfig(), group=group)
+    out = {k: v.clone() for k, v in engine.module.named_buffers()}
+    engine.close()
+    return out
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("strategy", ["dp", "zero3"])
+def test_buffers_start_as_the_first_ranks(pool, strategy):
+    for got in pool.run(_buffers_after_wrap, strategy, world=2):
+        assert torch.equal(got["1.running_mean"], torch.zeros(4))
+        assert torch.equal(got["1.running_var"], torch.ones(4))
+        assert int(got["1.num_batches_tracked"]) == 0
+
+
 MICRO = 4
 
 
-def _pipelined(group, schedule: str, split, strategy: str):
+def _pipelined(group, schedule: str, split, strategy: str, apart: bool = False):
     """This stage's per-step results, its weights by name and its twins."""
     from ringzero.parallel import AdamConfig, wrap
-    engine = wrap(_mlp(), strategy=strategy, optimizer=AdamConfig(lr=LR, clip=CLIP), group=group,
+    engine = wrap(_mlp(_own_seed(group, apart)), strategy=strategy, optimizer=AdamConfig(lr=LR, clip=CLIP), group=group,
                   bucket_mb=0.001, pp_split=split, schedule=schedule, microbatches=MICRO, loss_fn=_loss_y)
     steps = []
     for step in range(STEPS):
@@ -170,14 +213,16 @@ def _pipeline_reference(dp: int):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("schedule, split, strategy, world", [
-    ("gpipe", ["2"], "dp", 2), ("1f1b", ["2"], "dp", 2), ("1f1b", 2, "dp", 2), ("1f1b", ["2"], "zero1", 4)])
-def test_a_pipeline_trains_as_one_process_and_its_twins_hold(pool, schedule, split, strategy, world):
+@pytest.mark.parametrize("schedule, split, strategy, world, apart", [
+    ("gpipe", ["2"], "dp", 2, False), ("1f1b", ["2"], "dp", 2, False), ("1f1b", 2, "dp", 2, True),
+    ("1f1b", ["2"], "zero1", 4, True)])
+def test_a_pipeline_trains_as_one_process_and_its_twins_hold(pool, schedule, split, strategy, world, apart):
     """2 stages (cut before child "2"; the int split balances the parameters to the same cut), alone
-    on 2 ranks or under ZeRO-1 over 2 replicas on 4 (rank = stage x dp + dp rank)."""
+    on 2 ranks or under ZeRO-1 over 2 replicas on 4 (rank = stage x dp + dp rank); with `apart`,
+    every rank but the first builds its model from another seed (the first rank's is broadcast)."""
     dp = world // 2
     ref_losses, ref_norms, ref_weights = _pipeline_reference(dp)
-    out = pool.run(_pipelined, schedule, split, strategy, world=world)
+    out = pool.run(_pipelined, schedule, split, strategy, apart, world=world)
     seen = set()
     for rank, (steps, weights, twins, stage) in enumerate(out):
         assert stage == rank // dp

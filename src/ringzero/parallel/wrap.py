@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ringzero.parallel.optimizer import AdamConfig
+from ringzero.parallel.replicas import broadcast_module
 from ringzero.parallel.topology import Topology
 from ringzero.parallel.tp.tensor_parallel import apply_tensor_parallel
 from ringzero.parallel.wrap_cut import cut_names
@@ -91,8 +92,9 @@ def wrap(model: nn.Module, *, strategy: str = "dp", optimizer: AdamConfig | None
          schedule: str = "1f1b", microbatches: int | None = None,
          loss_fn: Callable | None = None) -> Engine:
     """`model` as an `Engine` over the ranks of `group` (default: the whole job; one rank without a
-    process group), every rank passing the same, identically initialised model; with `pp_split`, a
-    `PipelineEngine` of this rank's stage (module doc)."""
+    process group), every rank passing the same model, whose parameters and buffers start as the
+    first rank's (`parallel.replicas`, as DDP); with `pp_split`, a `PipelineEngine` of this rank's
+    stage (module doc)."""
     if optimizer is None or not isinstance(optimizer, AdamConfig):
         got = "nothing" if optimizer is None else type(optimizer).__name__
         raise TypeError(f"optimizer must be a ringzero.parallel.optimizer.AdamConfig (the engine's sharded AdamW "
@@ -101,6 +103,7 @@ def wrap(model: nn.Module, *, strategy: str = "dp", optimizer: AdamConfig | None
         raise ValueError(f"grad_accum must be an integer >= 1, got {grad_accum!r}")
     if (tp > 1) != (tp_plan is not None):
         raise ValueError("tp > 1 and tp_plan go together: the plan says which linears tp splits")
+    broadcast_module(model, group)      # every rank starts from the first rank's weights and buffers
     if pp_split is not None:
         cut_at, topology = _pipeline(model, pp_split, schedule, microbatches, loss_fn, strategy, group,
                                      grad_accum, tp)

@@ -6,8 +6,8 @@ parameter server builds the model too, for the initial values and bucket layout 
 Order of application (torchtitan's): model -> precision (cast) -> tensor parallelism ->
 recomputation -> pipeline cut (this rank's stage) -> sharding (DP/ZeRO over the dp group) -> its
 communication hook (gradient compression, `parallel.compression`). Every
-rank seeds the same generator before the model is built, so every replica starts from the same
-weights before any split.
+rank seeds the same generator before the model is built, and the first rank's weights are broadcast
+before any split (`parallel.replicas`), so every replica starts from the same weights.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ringzero.parallel.optimizer import AdamConfig
 from ringzero.parallel.pp.pipeline import apply_pipeline
 from ringzero.parallel.precision import dtype
 from ringzero.parallel.recompute import apply_recompute
+from ringzero.parallel.replicas import broadcast_module
 from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.parallel.strategies import apply_sharding
 from ringzero.parallel.tp.grads import unshard
@@ -40,6 +41,8 @@ class Replica:
         self.cfg, self.topo = cfg, topology
         torch.manual_seed(cfg.training.seed)
         self.model = GPT(cfg.shape, attention=cfg.model.attention, dropout=cfg.model.dropout).to(dtype(cfg.optim.precision))
+        if topology.world > 1:          # the same seed on another device or torch build may draw otherwise
+            broadcast_module(self.model, topology.grid_group)
         self.tp = apply_tensor_parallel(self.model, topology, sequence_parallel=cfg.parallel.sequence_parallel,
                                         algorithm=cfg.parallel.tp_algorithm, seed=cfg.training.seed)
         apply_recompute(self.model, cfg.training.recompute, (AttentionCore,), self.tp.rng.checkpoint_context
