@@ -66,7 +66,7 @@ def test_the_strategies_and_zeropp_move_the_padded_bucket():
     counts = {c[1] for c in ZERO1.calls([(10, False)], 4, 2, 1) if c[0] != "all_reduce"}
     assert counts == {12} == {padded_numel(10, 4)}
     calls = zeropp.bucket_calls(zeropp.ZeroPP(partition=2), 10, False, 4, 2, 1)
-    assert ("dp", "reduce_scatter", 12, 2, 1) in calls
+    assert ("dp", ("reduce_scatter", 12, 2, 1, "dp")) in calls
     hpz = zeropp.ZeroPP(hpz=True, partition=2)        # 1/partition of each padded layer bucket
     assert zeropp.secondary_bytes(hpz, [(10, False), (5, True)], 4, 2) == padded_numel(10, 4) // 2 * 2 == 12
 

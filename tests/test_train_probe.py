@@ -92,7 +92,7 @@ def _two_ranks(pool):
 @pytest.mark.timeout(240)
 def test_every_rank_probes_at_every_point_and_every_collective(pool):
     for cfg, results in _two_ranks(pool).items():
-        keys = {probe_rates.call_key(c, n, size) for c, n, size, _ in predict.calls(cfg, 2, results[0].buckets)}
+        keys = {probe_rates.call_key(c, n, size) for c, n, size, *_ in predict.calls(cfg, 2, results[0].buckets)}
         if cfg.optim.precision == "fp16":
             assert any(k.endswith("x2") for k in keys)    # 16-bit buckets are probed in 16 bits
         for r in results:
@@ -130,7 +130,7 @@ def test_json_report_has_probe_spread_and_error_definition(pool):
         step = predict_step.step_seconds(cfg, 2, busiest.buckets, {**busiest.probe, "flops": pooled})
         assert d["twins"]["step time"]["predicted"] == pytest.approx(step["step"])
         seconds = {"in_compute": 0.0, "comm": 0.0}
-        for c, n, size, t in predict.calls(cfg, 2, busiest.buckets):
+        for c, n, size, t, _ in predict.calls(cfg, 2, busiest.buckets):
             # ZeRO-3's all-gathers are waited for inside forward and backward: compute
             seconds["in_compute" if cfg.parallel.strategy == "zero3" and c == "all_gather" else "comm"] += (
                 t * busiest.probe["comm"][probe_rates.call_key(c, n, size)])

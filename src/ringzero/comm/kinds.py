@@ -7,7 +7,8 @@ messages, ...) on a trace and in the run report's byte twins per kind.
 
 The kind is thread-local; `carried` wraps a function so that it runs under the kind current where
 it was wrapped (a collective queued for the communication thread keeps its caller's kind). The
-innermost `kind` wins. A call made under none is "other".
+innermost `kind` wins. A call made under none is "other". The names, and which of the planner's
+calls each belongs to, are `plan.comm.kinds`'.
 """
 
 from __future__ import annotations
@@ -17,13 +18,10 @@ import functools
 import threading
 from typing import Iterator
 
-KINDS = ("dp", "zero_gather", "tp", "sp", "pp", "embedding", "norm", "ps", "check", "loss", "probe", "other")
-"""dp: the gradient's data-parallel reduction (all-reduce, ZeRO's reduce-scatter, a compression
-hook's calls); zero_gather: ZeRO's weight all-gathers; tp: tensor parallelism's collectives inside
-forward and backward; sp: sequence parallelism's gradient sum after backward; pp: pipeline
-point-to-point; embedding: a pipeline's tied-embedding gradient sum; norm: the global gradient
-norm's sums; ps: parameter-server pushes and pulls; check: the non-finite vote; loss: the loss and
-validation means; probe: the in-run rate probes; other: anything untagged."""
+from ringzero.plan.comm import kinds as kinds_table
+
+KINDS = kinds_table.KINDS
+"""Every kind, with what it is for: `plan.comm.kinds.TABLE`, the table the planner's calls carry too."""
 
 _LOCAL = threading.local()
 

@@ -41,7 +41,7 @@ from ringzero.parallel.flat import FlatBucket
 from ringzero.parallel.flat_group import FlatGroup, Weights, nbytes
 from ringzero.parallel.sharding_config import ShardingConfig
 from ringzero.parallel.topology import Topology
-from ringzero.comm.kinds import tagged
+from ringzero.comm.kinds import kind
 
 
 class Accumulation(enum.Enum):
@@ -148,17 +148,18 @@ class FlatStrategy:
         if self.sync or self.sharding.reduces_every_micro_batch:
             self.queue.submit(self._checked_reduce, g)
 
-    @tagged('dp')
     def _checked_reduce(self, g: FlatGroup) -> None:
-        """`_reduce`, after noting whether this rank's own gradient is finite: one fp32 sum over the
-        bucket (non-finite exactly when an element is, short of an fp32 overflow of the sum)."""
+        """`_reduce` under the kind of the strategy's gradient collective (the planner prices its
+        calls under the same), after noting whether this rank's own gradient is finite: one fp32
+        sum over the bucket (non-finite exactly when an element is, short of an fp32 overflow)."""
         if g.grad_flat is not None:
             if self.poison:
                 g.grad_flat[0] = float("inf")
                 self.poison = False
             g.finite = bool(torch.isfinite(torch.sum(g.grad_flat, dtype=torch.float32)))
             self.nonfinite |= not g.finite
-        self._reduce(g)
+        with kind(self.sharding.gradient.kind):
+            self._reduce(g)
 
     def _reduce(self, g: FlatGroup) -> None:
         raise NotImplementedError
@@ -234,7 +235,6 @@ class FlatStrategy:
     def after_step(self) -> None:
         """Nothing by default (DP updated the whole model on every rank)."""
 
-    @tagged('zero_gather')
     def _gather(self, g: FlatGroup) -> torch.Tensor:
         """The bucket's full weights from every rank's shard (on the queue's thread): only a
         strategy that shards the weights has a bucket that is not FULL."""

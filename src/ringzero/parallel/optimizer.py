@@ -26,6 +26,7 @@ import torch
 
 from ringzero.comm import timeline
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import NORM
 
 CHUNK = 1 << 16
 """Elements per chunk when 16-bit gradients are upcast for the fp32 update (256 KiB of fp32)."""
@@ -68,7 +69,7 @@ class ShardedAdam:
         self.exp_avg = [torch.zeros_like(w) for w in self.master]
         self.exp_avg_sq = [torch.zeros_like(w) for w in self.master]
 
-    @tagged('norm')
+    @tagged(NORM)
     def _global_sq_norm(self, grads: list[torch.Tensor]) -> tuple[float, float]:
         """(Σ g² over every rank's shard, seconds in its all-reduce): one all-reduce of one number
         when the shards differ."""

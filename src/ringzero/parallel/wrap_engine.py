@@ -125,7 +125,7 @@ class Engine:
         s, n, r = self.strategy.sharding, self.topology.dp, self.topology.dp_rank
         itemsize = self.opt.shards[0].element_size()
         sent = recv = 0
-        for collective, count, size, times in s.calls(self.strategy.layout(), n, itemsize, self.grad_accum,
+        for collective, count, size, times, _ in s.calls(self.strategy.layout(), n, itemsize, self.grad_accum,
                                                       self._reduced_with):
             algo = self.strategy.config.algorithm_for(collective)
             if algo == "auto":

@@ -18,6 +18,7 @@ import signal
 
 from ringzero import comm
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import CHECK
 
 
 class NonFiniteError(RuntimeError):
@@ -53,7 +54,7 @@ class NonFinite:
         self.in_a_row += 1
         stop_if(self.in_a_row, self.cfg.faults.max_nonfinite, step, ranks)
 
-    @tagged('check')
+    @tagged(CHECK)
     def _origin(self, mine: bool) -> list[int]:
         """The grid ranks whose own gradient was not finite (one all-reduce; only on skipped steps)."""
         import torch

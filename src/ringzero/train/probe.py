@@ -60,6 +60,7 @@ from ringzero.train.probe_compress import CompressProbe
 from ringzero.train.probe_tp import TPLayerPass
 from ringzero.twin.rates import call_key
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import PROBE
 
 PROBE_EVERY, MAX_POINTS = 10, 16
 """About one probe point per `PROBE_EVERY` steps, at least two (before the first step and after the
@@ -215,7 +216,7 @@ class Prober:
                       for g in groups}
         out = {}
         for group, n, calls in predict.grouped_calls(self.cfg, topo.world, st.layout(), self.sp_elements, topo.rank):
-            for collective, elements, itemsize, _ in calls:
+            for collective, elements, itemsize, *_ in calls:
                 key = call_key(collective, elements, itemsize, group)
                 # 1: ZeRO++'s codes, top-k's packed pairs; 2 under fp16/bf16 compression: its type
                 dt = {4: torch.float32, 1: torch.uint8}.get(itemsize, self.dtype)
@@ -250,7 +251,7 @@ class Prober:
             self.queue.submit(fn).result()
         return time.perf_counter() - t0
 
-    @tagged('probe')
+    @tagged(PROBE)
     def __call__(self) -> dict:
         """{"flops": FLOP/s, "optimizer_s_per_param": s, "comm": {call_key: s}, "cost_s": seconds
         this point took, "warmup_s": seconds of first use (the first point only)}."""

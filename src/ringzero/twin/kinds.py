@@ -6,25 +6,19 @@ them, so a tp × pp × dp run shows its tensor-parallel bytes apart from its dat
 
 from __future__ import annotations
 
+from ringzero.plan.comm.kinds import TABLE
 from ringzero.plan.comm.volume import Volume
 from ringzero.run.config import TrainConfig
 from ringzero.twin import predict
 from ringzero.twin.twin import Twin
 
-LABELS = {
-    "dp": "data-parallel gradient reduction",
-    "zero_gather": "ZeRO weight all-gathers",
-    "tp": "tensor-parallel collectives",
-    "sp": "sequence-parallel gradient sum",
-    "pp": "pipeline sends",
-    "embedding": "tied-embedding gradient sum",
-    "norm": "gradient-norm sums",
-}
-"""The kinds a training step's traffic is predicted in, in the table's order, as its rows name them."""
+LABELS = {k.name: k.label for k in TABLE.values() if k.predicted}
+"""The kinds a training step's traffic is predicted in, in the table's order, as its rows name them
+(`plan.comm.kinds.TABLE`)."""
 
 
 def row_name(kind: str) -> str:
-    return f"bytes sent per step: {LABELS.get(kind, kind)}"
+    return f"bytes sent per step: {TABLE[kind].label if kind in TABLE else kind}"
 
 
 def twins(cfg: TrainConfig, world: int, results: list) -> list[Twin]:

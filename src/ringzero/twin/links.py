@@ -54,7 +54,7 @@ def cross_node(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], ra
     for group, n, calls in predict.grouped_calls(cfg, world, buckets, sp_elements, rank):
         members = _members(cfg, world, group, rank)
         index = members.index(rank)
-        for collective, count, size, times in calls:
+        for collective, count, size, times, _ in calls:
             algo = formula(collective, predict.algorithm(cfg, group, collective, n, count * size))
             call = call_for(collective, algo, n, count, size, ranks_per_node=min(rpn, n))
             s, r = links.cross_node_bytes(call, index, members, rpn)

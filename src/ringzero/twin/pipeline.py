@@ -8,6 +8,7 @@ tied embedding's gradient sum, the head's tensor-parallel collectives).
 
 from __future__ import annotations
 
+from ringzero.plan.comm.kinds import EMBEDDING, TP, Call
 from ringzero.plan.model import activations as act
 from ringzero.plan.pipeline import schedule as pipeline
 from ringzero.plan.strategies import tensor_parallel
@@ -66,14 +67,14 @@ def p2p_traffic(cfg: TrainConfig, stage: int) -> dict[str, int]:
             "bytes_recv": (n["activations_received"] + n["gradients_received"]) * size}
 
 
-def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:
-    """`stage`'s tensor-parallel collectives of one step (collective, elements, itemsize, times):
+def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[Call]:
+    """`stage`'s tensor-parallel collectives of one step (each of kind "tp"):
     its blocks', the embedding's on the first stage, the head's and loss's on the last, and under
     scatter/gather an all-gather of each activation and gradient that arrives (without a pipeline:
     the whole model's; `plan.strategies.tensor_parallel.collectives`)."""
     first, last = stage == 0, stage == cfg.parallel.pp - 1
     layers = stage_layers(cfg.shape, stage, cfg.parallel.pp, cfg.parallel.virtual_stages)
-    out = [(c, n, 4 if "fp32" in what else cfg.value_bytes, k * cfg.training.grad_accum)
+    out = [Call(c, n, 4 if "fp32" in what else cfg.value_bytes, k * cfg.training.grad_accum, TP)
            for what, c, n, k in tensor_parallel.collectives(cfg.shape, cfg.training.micro_batch, cfg.parallel.tp,
                                                             sequence_parallel=cfg.parallel.sequence_parallel,
                                                             recompute=cfg.training.recompute, layers=layers,
@@ -82,16 +83,17 @@ def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]
         n = _messages(cfg, stage)
         arrivals = n["activations_received"] + n["gradients_received"]
         if arrivals:
-            out.append(("all_gather", boundary_numel(cfg) * cfg.parallel.tp, cfg.value_bytes, arrivals))
+            out.append(Call("all_gather", boundary_numel(cfg) * cfg.parallel.tp, cfg.value_bytes, arrivals, TP))
     return out
 
 
-def embedding_calls(cfg: TrainConfig, stage: int) -> list[tuple[str, int, int, int]]:
+def embedding_calls(cfg: TrainConfig, stage: int) -> list[Call]:
     """The tied embedding's gradient sum between the first and last stage (one tp rank's slice)."""
     if cfg.parallel.pp == 1 or stage not in (0, cfg.parallel.pp - 1):
         return []
     m = cfg.shape
-    return [("all_reduce", tensor_parallel.padded_vocab(m.vocab, cfg.parallel.tp) * m.hidden // cfg.parallel.tp, cfg.value_bytes, 1)]
+    return [Call("all_reduce", tensor_parallel.padded_vocab(m.vocab, cfg.parallel.tp) * m.hidden // cfg.parallel.tp,
+                 cfg.value_bytes, 1, EMBEDDING)]
 
 
 def fused_attention(cfg: TrainConfig, cuda: bool = False) -> bool:

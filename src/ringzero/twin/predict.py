@@ -18,11 +18,13 @@ from __future__ import annotations
 from ringzero.comm import select
 from ringzero.comm.config import get_config
 from ringzero.plan.comm.algorithms import for_collective
+from ringzero.plan.comm.kinds import PP, SP, Call
 from ringzero.plan.strategies import tensor_parallel
 from ringzero.plan.strategies import zeropp
 from ringzero.plan.comm.volume import Volume, call_for, formula, volume
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.strategies.memory import model_states, state_bytes
+from ringzero.plan.strategies.sharding import NORM_CALL
 from ringzero.plan.model.shapes import ModelShape
 from ringzero.twin import pipeline as pipe
 from ringzero.twin.pipeline import fused_attention
@@ -71,22 +73,22 @@ def local_params(cfg: TrainConfig, world: int, rank: int = 0) -> int:
     return pipe.params(cfg, pipe.stage_of(cfg, world, rank))
 
 
-def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[tuple[str, int, int, int]]:
-    """The data-parallel collectives of one step on `world` ranks: (collective, elements, itemsize,
-    times) for `buckets` of (elements, is the ZeRO-3 root, shapes), from the strategy's schedule
+def calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) -> list[Call]:
+    """The data-parallel collectives of one step on `world` ranks for `buckets` of (elements, is
+    the ZeRO-3 root, shapes), from the strategy's schedule
     (`plan.strategies.sharding`), on the dp group; with gradient compression, the measured step's
     (the run measures a compressed step: `train.steps.StepSpan`)."""
     return cfg.sharding.calls(buckets, cfg.placement(world).dp, cfg.value_bytes, cfg.training.grad_accum,
                               compress_options.compression(cfg))
 
 
-def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[tuple[str, int, int, int]]:
+def tp_calls(cfg: TrainConfig, stage: int = 0) -> list[Call]:
     """The tensor-parallel collectives of one step inside forward and backward, on the tp group
     (a pipeline stage's: its blocks, and the embedding's or head's where it holds them)."""
     return pipe.tp_calls(cfg, stage) if cfg.parallel.tp > 1 else []
 
 
-def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) -> list[tuple[str, int, int, int]]:
+def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) -> list[Call]:
     """The tensor-parallel collectives after backward: the sequence-parallel gradient sum over what
     this rank owns of the LayerNorm and bias gradients (`sp_elements`, from the bucket layout as
     `TensorParallelGrads.partial_elements`; None: 1/dp of them under ZeRO, all otherwise) and the
@@ -97,8 +99,8 @@ def tp_step_calls(cfg: TrainConfig, world: int, sp_elements: int | None = None) 
     if cfg.parallel.sequence_parallel:
         share = cfg.placement(world).dp if cfg.sharding.shard_optimizer else 1
         n = tensor_parallel.partial_grad_params(cfg.shape) // share if sp_elements is None else sp_elements
-        out += [("all_reduce", n, cfg.value_bytes, 1)] if n else []
-    return out + [("all_reduce", 1, 4, 1)]
+        out += [Call("all_reduce", n, cfg.value_bytes, 1, SP)] if n else []
+    return out + [NORM_CALL]
 
 
 GROUP_DIM = {"dp": "dp", "tp": "tp", "tp_step": "tp", "pp_step": "pp", "dp_node": "dp", "dp_cross": "dp"}
@@ -118,7 +120,7 @@ def grouped_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
     out += [("tp", pl.tp, tp_calls(cfg, stage)),
            ("tp_step", pl.tp, tp_step_calls(cfg, world, sp_elements))]
     if pl.pp > 1:
-        out += [("embedding", 2, pipe.embedding_calls(cfg, stage)), ("pp_step", pl.pp, [("all_reduce", 1, 4, 1)])]
+        out += [("embedding", 2, pipe.embedding_calls(cfg, stage)), ("pp_step", pl.pp, [NORM_CALL])]
     return out
 
 
@@ -127,7 +129,7 @@ def zeropp_calls(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]]) 
     zpp, dp = zero_options.zeropp(cfg, world), cfg.placement(world).dp
     every = zeropp.calls(zpp, buckets, dp, cfg.value_bytes, cfg.training.grad_accum)
     sizes = {"dp": dp, "dp_node": zpp.partition, "dp_cross": zpp.blocks(dp)}
-    return [(g, n, [c[1:] for c in every if c[0] == g]) for g, n in sizes.items()]
+    return [(g, n, [c for group, c in every if group == g]) for g, n in sizes.items()]
 
 
 def _index(cfg: TrainConfig, world: int, group: str, rank: int) -> int:
@@ -159,37 +161,19 @@ def transport_of(cfg: TrainConfig) -> str:
     return "gloo" if cfg.parallel.transport == "gloo" else "shm"
 
 
-def call_kinds(cfg: TrainConfig, group: str, group_calls: list) -> list[str]:
-    """The communication kind (`ringzero.comm.kinds`) of each of `group`'s calls of one step: a dp
-    group's gradient reduction "dp", its weight all-gathers "zero_gather" (under gradient
-    compression every call of the reduction is "dp", top-k's all-gathers too), the gradient norm's
-    one-fp32 sum "norm" (the dp group's last call where the strategy sums it there, and the tp and
-    pp groups' after backward), tensor parallelism "tp", the sequence-parallel gradient sum "sp",
-    the tied embedding's "embedding"."""
-    if group in ("tp", "embedding"):
-        return [group] * len(group_calls)
-    if group in ("tp_step", "pp_step"):
-        return ["sp"] * (len(group_calls) - 1) + ["norm"]
-    squeezed = compress_options.compression(cfg).on
-    out = ["zero_gather" if c[0] == "all_gather" and not squeezed else "dp" for c in group_calls]
-    if group == "dp" and group_calls and (cfg.zero.zeropp or cfg.sharding.norm_all_reduce):
-        out[-1] = "norm"
-    return out
-
-
 def traffic_by_kind(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank: int = 0,
                     sp_elements: int | None = None) -> dict[str, Volume]:
-    """`rank`'s traffic of one step by communication kind (`call_kinds`; a pipeline stage's
-    point-to-point messages "pp"), each call's bytes as `traffic` prices them; kinds with no call
-    are left out."""
+    """`rank`'s traffic of one step by communication kind (each call's own, `plan.comm.kinds`; a
+    pipeline stage's point-to-point messages "pp"), each call's bytes as `traffic` prices them;
+    kinds with no call are left out."""
     p2p = pipe.p2p_traffic(cfg, cfg.placement(world).coords(rank)["pp"])
-    out = {"pp": Volume(**p2p)} if cfg.parallel.pp > 1 else {}
+    out = {PP: Volume(**p2p)} if cfg.parallel.pp > 1 else {}
     for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank):
         rpn, r = node_size(cfg, n), _index(cfg, world, group, rank)
-        for kind, (collective, count, size, times) in zip(call_kinds(cfg, group, group_calls), group_calls):
-            algo = formula(collective, algorithm(cfg, group, collective, n, count * size))
-            out[kind] = out.get(kind, Volume()) + times * volume(call_for(collective, algo, n, count, size,
-                                                                          ranks_per_node=rpn), r)
+        for c in group_calls:
+            algo = formula(c.collective, algorithm(cfg, group, c.collective, n, c.count * c.itemsize))
+            out[c.kind] = out.get(c.kind, Volume()) + c.times * volume(
+                call_for(c.collective, algo, n, c.count, c.itemsize, ranks_per_node=rpn), r)
     return out
 
 
@@ -206,9 +190,9 @@ def traffic(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], rank:
 def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]],
                  sp_elements: int | None = None, rank: int = 0) -> float:
     """Seconds of the step's collectives under this machine's calibrated α-β-γ model."""
-    return sum(call_seconds(cfg, group, collective, n, count * size) * times
+    return sum(call_seconds(cfg, group, c.collective, n, c.count * c.itemsize) * c.times
                for group, n, group_calls in grouped_calls(cfg, world, buckets, sp_elements, rank)
-               for collective, count, size, times in group_calls)
+               for c in group_calls)
 
 
 def call_seconds(cfg: TrainConfig, group: str, collective: str, n: int, nbytes: int) -> float:

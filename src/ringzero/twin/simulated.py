@@ -55,9 +55,8 @@ def measured_rates(cfg: TrainConfig, world: int, rates: dict, buckets: list) -> 
         return predict.call_seconds(cfg, group, collective, n, count * itemsize)
 
     gradient = cfg.sharding.calls(buckets, cfg.placement(world).dp, cfg.value_bytes, 1, None)
-    reduced = tuple(count for collective, count, _, _ in gradient if collective in ("all_reduce", "reduce_scatter")
-                    and count > 1)
-    gathered = tuple(count for collective, count, _, _ in gradient if collective == "all_gather")
+    reduced = tuple(c.count for c in gradient if c.collective in ("all_reduce", "reduce_scatter") and c.count > 1)
+    gathered = tuple(c.count for c in gradient if c.collective == "all_gather")
     return Measured(flops=rates["flops"], optimizer_s_per_param=rates["optimizer_s_per_param"], host=host,
                     buckets=reduced or None, gathers=gathered if cfg.sharding.gathers_after_step else None)
 

@@ -67,12 +67,12 @@ def comm_seconds(cfg: TrainConfig, world: int, buckets: list[tuple[int, bool]], 
     α-β-γ model's total, all exposed."""
     probed = rates.get("comm") or {}
     grouped = predict.grouped_calls(cfg, world, buckets, sp_elements, rank)
-    keys = [call_key(c, n, size, group) for group, _, calls in grouped for c, n, size, _ in calls]
+    keys = [call_key(c.collective, c.count, c.itemsize, group) for group, _, calls in grouped for c in calls]
     source = "in-run probe" if keys and all(k in probed for k in keys) else "alpha-beta-gamma model"
     out = {"exposed": 0.0, "in_compute": 0.0, "source": source}
     tp_alone = 0.0
     for group, n, calls in grouped:
-        for collective, count, size, times in calls:
+        for collective, count, size, times, _ in calls:
             k = call_key(collective, count, size, group)
             seconds = probed[k] if source == "in-run probe" else \
                 predict.call_seconds(cfg, group, collective, n, count * size)

@@ -17,6 +17,7 @@ import torch
 
 from ringzero import comm
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import TP
 
 
 class _GatherSlices(torch.autograd.Function):
@@ -24,7 +25,7 @@ class _GatherSlices(torch.autograd.Function):
     (identical on every tp rank) gradient."""
 
     @staticmethod
-    @tagged('tp')
+    @tagged(TP)
     def forward(ctx, piece: torch.Tensor, group, t: int, r: int, algorithm: str) -> torch.Tensor:
         ctx.t, ctx.r = t, r
         out = piece.new_empty(piece.numel() * t)
@@ -71,7 +72,7 @@ class StageBoundary:
         topo = self.topology
         return _GatherSlices.apply(piece, topo.tp_group, topo.tp, topo.tp_rank, self.tp_algorithm).view(shape)
 
-    @tagged('tp')
+    @tagged(TP)
     def gather_grad(self, piece: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
         """A received output gradient, whole (all-gathered over tp under scatter/gather)."""
         if not self.scatter_gather:

@@ -25,6 +25,7 @@ from ringzero.parallel.pp.boundary import StageBoundary
 from ringzero.parallel.pp.sequential import SequentialStages
 from ringzero.plan.pipeline.layout import chunk_layers, stage_chunks
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import EMBEDDING
 
 
 class PipelineStages(StageBoundary):
@@ -73,7 +74,7 @@ class PipelineStages(StageBoundary):
             return None
         return self.model.wte.weight
 
-    @tagged('embedding')
+    @tagged(EMBEDDING)
     def sync_tied_grads(self, strategy) -> None:
         """Sum the token embedding's gradient over the first and last stage (in the strategy's
         unreduced gradient flat, before the dp reduction: the sums commute)."""

@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import PS
 from ringzero.comm.point_to_point import post
 from ringzero.plan.strategies.param_server import server_ranges
 from ringzero.parallel.ps.server import (CONTROL, HEADER, PULLED, PUSH, PUSHED, STOP, TAG_GRAD, TAG_HEADER, TAG_PARAMS,
@@ -50,7 +51,7 @@ class PSClient:
         self.headers = [torch.empty(HEADER, dtype=torch.float64) for _ in self.servers]
         self.replies = [torch.empty(2, dtype=torch.float64) for _ in self.servers]
 
-    @tagged('ps')
+    @tagged(PS)
     def push_pull(self, grads: list[torch.Tensor], step: int) -> tuple[float, float]:
         """Send every server its range of `grads` (this worker's summed gradient of `step`) and take
         back the range's new values. Returns (blocked, held): the seconds blocked for the answers
@@ -79,7 +80,7 @@ class PSClient:
                     self.weights[b][a:z].copy_(self.pull_buf[i][off:off + z - a])
         return waited, max(float(r[1]) for r in self.replies)
 
-    @tagged('ps')
+    @tagged(PS)
     def stop(self) -> None:
         """Tell every server this worker is done (after its last pull)."""
         works = []

@@ -43,6 +43,7 @@ from ringzero.plan.strategies.param_server import PSConfig
 from ringzero.watchdog import beacon
 from ringzero.parallel.optimizer import AdamConfig, ShardedAdam
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import PS
 
 PUSH, STOP = 1.0, 2.0
 HEADER = 4
@@ -126,7 +127,7 @@ class ParameterServer:
     def server_clock(self) -> int:
         return min(self.clock.values())
 
-    @tagged('ps')
+    @tagged(PS)
     def serve(self) -> ServerLog:
         """Answer pushes until every worker has stopped; returns the log."""
         header = torch.empty(HEADER, dtype=torch.float64)

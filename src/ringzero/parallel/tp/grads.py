@@ -23,6 +23,7 @@ import torch
 
 from ringzero import comm
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import SP
 
 
 class TPParamKind(enum.Enum):
@@ -39,7 +40,7 @@ def tp_param_kind(p: torch.Tensor) -> TPParamKind:
     return getattr(p, "tp_kind", TPParamKind.REPLICATED)
 
 
-@tagged('sp')
+@tagged(SP)
 def _sum_over_tp(pieces: list[torch.Tensor], topology, algorithm: str) -> None:
     """Sum tensors `pieces` in place over the tp group: one all-reduce per dtype of their
     concatenation (Megatron coalesces them likewise), in one order on every rank."""

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from ringzero import comm
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import TP
 
 
 def group_size(group) -> int:
@@ -38,7 +39,7 @@ def _identity(x: torch.Tensor, dim: int, group, algorithm: str) -> torch.Tensor:
     return x.view_as(x)
 
 
-@tagged('tp')
+@tagged(TP)
 def _all_reduce(x: torch.Tensor, dim: int, group, algorithm: str) -> torch.Tensor:
     out = x.contiguous().clone()             # comm reduces in place; autograd's tensors stay intact
     comm.all_reduce(out, op="sum", group=group, algorithm=algorithm)
@@ -50,7 +51,7 @@ def _check_seq(x: torch.Tensor, dim: int, t: int) -> None:
         raise ValueError(f"sequence parallelism needs the sequence ({x.size(dim)}) divisible by tp={t}")
 
 
-@tagged('tp')
+@tagged(TP)
 def _all_gather_seq(x: torch.Tensor, dim: int, group, algorithm: str) -> torch.Tensor:
     """(b, s/t, h) per rank -> (b, s, h), the shards in rank order along `dim`."""
     t = group_size(group)
@@ -60,7 +61,7 @@ def _all_gather_seq(x: torch.Tensor, dim: int, group, algorithm: str) -> torch.T
     return out.movedim(0, dim).contiguous()
 
 
-@tagged('tp')
+@tagged(TP)
 def _reduce_scatter_seq(x: torch.Tensor, dim: int, group, algorithm: str) -> torch.Tensor:
     """(b, s, h) partial sums per rank -> this rank's (b, s/t, h) of their sum."""
     t = group_size(group)

@@ -29,6 +29,7 @@ from ringzero import comm
 from ringzero.plan.strategies.tensor_parallel import padded_vocab  # noqa: F401  (re-exported: the split's rows)
 from ringzero.parallel.tp.ops import copy_to_tp, gather_from_seq, group_size, reduce_from_tp
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import TP
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -65,7 +66,7 @@ class VocabParallelHead(nn.Module):
         return logits if self.pad is None else logits.masked_fill(self.pad, float("-inf"))
 
 
-@tagged('tp')
+@tagged(TP)
 def _all_reduce(t: torch.Tensor, op: str, group, algorithm: str) -> None:
     if group_size(group) > 1:
         comm.all_reduce(t, op=op, group=group, algorithm=algorithm)

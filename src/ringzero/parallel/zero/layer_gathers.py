@@ -25,7 +25,12 @@ from ringzero.parallel.flat_group import FlatGroup, Weights
 from ringzero.parallel.zero.gather import AllGather
 from ringzero.parallel.zero.shards import ShardStore
 from ringzero.parallel.zero.zeropp import Policies
-from ringzero.comm.kinds import tagged
+from ringzero.comm.kinds import kind, tagged
+from ringzero.plan.strategies.sharding import ZERO3
+
+_, BEFORE_FORWARD, BEFORE_BACKWARD = ZERO3.collectives
+"""ZeRO-3's two weight gathers in the strategy table: each runs under its entry's kind, as the
+planner prices it (ZeRO++'s replacements of them too)."""
 
 
 class TrainingState(enum.Enum):
@@ -74,13 +79,15 @@ class LayerGathers:
         return None if ahead is None or (hpz is not None and hpz.serves(ahead)) else ahead
 
     def gather_for(self, g: FlatGroup, backward: bool):
-        """The function that gathers `g` before its forward or its backward, on the queue's thread."""
+        """The function that gathers `g` before its forward or its backward, on the queue's thread,
+        under the kind of that gather's table entry."""
         hpz = self.policies.secondary
         if backward and hpz is not None and hpz.serves(g):
-            return hpz.gather
-        return functools.partial(self._gather_weights, ahead=self.read_ahead(g, backward))
+            fn = hpz.gather
+        else:
+            fn = functools.partial(self._gather_weights, ahead=self.read_ahead(g, backward))
+        return tagged((BEFORE_BACKWARD if backward else BEFORE_FORWARD).kind)(fn)
 
-    @tagged('zero_gather')
     def _gather_weights(self, g: FlatGroup, ahead: FlatGroup | None = None) -> torch.Tensor:
         with self.shards.loaded(g, ahead) as src:
             full = self.policies.gather.gather(g, src)
@@ -88,10 +95,9 @@ class LayerGathers:
             self.policies.secondary.keep(g, full)
         return full
 
-    @tagged('zero_gather')
     def exact_gather(self, g: FlatGroup) -> torch.Tensor:
         """The bucket's exact weights (never quantized), on the queue's thread."""
-        with self.shards.loaded(g) as src:
+        with kind(BEFORE_FORWARD.kind), self.shards.loaded(g) as src:
             return self.exact.gather(g, src)
 
     def prefetch(self, g: FlatGroup | None, backward: bool) -> None:

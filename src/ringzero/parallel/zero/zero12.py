@@ -14,7 +14,7 @@ from ringzero import comm
 from ringzero.plan.strategies.sharding import ZERO1, ZERO2
 from ringzero.parallel.flat_group import FlatGroup
 from ringzero.parallel.flat_strategy import FlatStrategy
-from ringzero.comm.kinds import tagged
+from ringzero.comm.kinds import kind
 
 
 class ZeRO1(FlatStrategy):
@@ -34,16 +34,17 @@ class ZeRO1(FlatStrategy):
         if self.sharding.shard_grads:
             g.grad_flat = None
 
-    @tagged('zero_gather')
     def after_step(self) -> None:
-        """All-gather the updated shards into every rank's full weights."""
+        """All-gather the updated shards into every rank's full weights (under the kind of the
+        strategy's after-step gather)."""
         if not self.sharding.gathers_after_step or self.topology.dp == 1:
             return
         algo = self._algorithm("all_gather")
-        for g in self.groups:
-            b = g.bucket
-            self.queue.submit(comm.all_gather_into_tensor, g.full, g.full[b.lo:b.hi].clone(),
-                              group=self.group, algorithm=algo)
+        with kind(self.sharding.weight_gathers[0].kind):
+            for g in self.groups:
+                b = g.bucket
+                self.queue.submit(comm.all_gather_into_tensor, g.full, g.full[b.lo:b.hi].clone(),
+                                  group=self.group, algorithm=algo)
         self.queue.drain()
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ringzero.plan.comm.kinds import GRADIENT, NORM, WEIGHTS, Call
 from ringzero.plan.strategies.compression import Compression, bucket_calls
 
 
@@ -44,6 +45,9 @@ class Collective:
     """Calls per micro-batch; 0: once per step."""
     overlap: str
     """The compute it can hide behind: "forward", "backward" or "none"."""
+    kind: str = GRADIENT
+    """What it is for (`plan.comm.kinds`): the planner's calls carry it, and the engine runs this
+    collective under it."""
     layers_only: bool = False
     """Not for ZeRO-3's root bucket (embeddings, final norm): it is used at both ends of the model,
     so it stays gathered from the forward through the backward."""
@@ -72,6 +76,11 @@ class Strategy:
         return self.collectives[0]
 
     @property
+    def weight_gathers(self) -> tuple[Collective, ...]:
+        """Its all-gathers of weights: after the step (ZeRO-1/2), before forward and backward (ZeRO-3)."""
+        return tuple(c for c in self.collectives if c.kind == WEIGHTS)
+
+    @property
     def reduces_every_micro_batch(self) -> bool:
         """Sharded gradients cannot wait for the last micro-batch: the full gradient is freed."""
         return self.gradient.per_micro_batch > 0
@@ -88,11 +97,11 @@ class Strategy:
         return self.shard_optimizer
 
     def calls(self, buckets: list[tuple], ranks: int, itemsize: int, micro_batches: int,
-              compression: Compression | None = None) -> list[tuple[str, int, int, int]]:
-        """(collective, elements, itemsize, calls per step) of one step over `buckets` of (elements,
-        is ZeRO-3's root[, its parameters' shapes]) on `ranks` dp ranks: a sharded bucket is padded
-        to a multiple of the ranks. With `compression`, the gradient's reduction is the scheme's
-        calls (`compression.bucket_calls`, which needs the shapes)."""
+              compression: Compression | None = None) -> list[Call]:
+        """The `Call`s of one step over `buckets` of (elements, is ZeRO-3's root[, its parameters'
+        shapes]) on `ranks` dp ranks: a sharded bucket is padded to a multiple of the ranks. With
+        `compression`, the gradient's reduction is the scheme's calls (`compression.bucket_calls`,
+        which needs the shapes), each of the gradient's kind."""
         if ranks == 1:
             return []
         out = []
@@ -101,17 +110,21 @@ class Strategy:
             for c in self.collectives:
                 times = c.times(micro_batches, root)
                 if times and compression is not None and compression.on and c is self.gradient:
-                    out += [(*call, times) for call in bucket_calls(compression, shapes[0] if shapes else [], numel,
-                                                                    count, ranks, itemsize, c.collective)]
+                    out += [Call(*call, times, c.kind) for call in bucket_calls(
+                        compression, shapes[0] if shapes else [], numel, count, ranks, itemsize, c.collective)]
                 elif times:
-                    out.append((c.collective, count, itemsize, times))
+                    out.append(Call(c.collective, count, itemsize, times, c.kind))
         if self.norm_all_reduce:
-            out.append(("all_reduce", 1, 4, 1))
+            out.append(NORM_CALL)
         return out
 
 
+NORM_CALL = Call("all_reduce", 1, 4, 1, NORM)
+"""The squared global gradient norm summed over a group: one fp32 per step."""
+
+
 _ALL_REDUCE = Collective("all_reduce", "gradient all-reduce", 0, "backward")
-_GATHER_AFTER = Collective("all_gather", "weight all-gather after the step", 0, "none")
+_GATHER_AFTER = Collective("all_gather", "weight all-gather after the step", 0, "none", WEIGHTS)
 
 DP = Strategy("dp", 0, False, False, False, (_ALL_REDUCE,))
 ZERO1 = Strategy("zero1", 1, True, False, False,
@@ -120,8 +133,8 @@ ZERO2 = Strategy("zero2", 2, True, True, False,
                  (Collective("reduce_scatter", "gradient reduce-scatter", 1, "backward"), _GATHER_AFTER))
 ZERO3 = Strategy("zero3", 3, True, True, True,
                  (Collective("reduce_scatter", "gradient reduce-scatter", 1, "backward"),
-                  Collective("all_gather", "weight all-gather before forward", 1, "forward"),
-                  Collective("all_gather", "weight all-gather before backward", 1, "backward",
+                  Collective("all_gather", "weight all-gather before forward", 1, "forward", WEIGHTS),
+                  Collective("all_gather", "weight all-gather before backward", 1, "backward", WEIGHTS,
                              layers_only=True)))
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (DP, ZERO1, ZERO2, ZERO3)}

@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ringzero.plan.strategies.quantization import BITS, DEFAULT_BLOCK, levels, quantized_bytes
-from ringzero.plan.strategies.sharding import padded_numel, shard_numel
+from ringzero.plan.comm.kinds import Call
+from ringzero.plan.strategies.sharding import NORM_CALL, ZERO3, padded_numel, shard_numel
 
 OPTIONS = ("qwz", "hpz", "qgz")
 WEIGHT_BITS = 8
@@ -78,32 +79,39 @@ class ZeroPP:
 
 
 def bucket_calls(cfg: ZeroPP, numel: int, root: bool, dp: int, itemsize: int,
-                 micro_batches: int) -> list[tuple[str, str, int, int, int]]:
-    """(group, collective, elements, itemsize, calls per step) of one bucket of `numel` elements
-    (padded here to a multiple of `dp`); group is "dp", "dp_node" or "dp_cross" (see the module doc),
-    a call on a group of one rank moves nothing and is left out."""
+                 micro_batches: int) -> list[tuple[str, Call]]:
+    """(group, call) of one bucket of `numel` elements (padded here to a multiple of `dp`) in one
+    step; group is "dp", "dp_node" or "dp_cross" (see the module doc). Each call is of the kind of
+    the ZeRO-3 collective it replaces; a call on a group of one rank moves nothing and is left out."""
     h = cfg.partition
     nodes = cfg.blocks(dp)
     n, s, m = padded_numel(numel, dp), shard_numel(numel, dp), micro_batches
-    primary = ("dp", "all_gather", dp * quantized_bytes(s, WEIGHT_BITS, cfg.block), 1, m) if cfg.qwz \
-        else ("dp", "all_gather", n, itemsize, m)
-    out = [primary]
+    grad, fwd, bwd = ZERO3.collectives
+
+    def gather(kind: str) -> tuple[str, Call]:
+        if cfg.qwz:
+            return "dp", Call("all_gather", dp * quantized_bytes(s, WEIGHT_BITS, cfg.block), 1, m, kind)
+        return "dp", Call("all_gather", n, itemsize, m, kind)
+
+    out = [gather(fwd.kind)]
     if not root:                                   # the root stays gathered through backward
-        out.append(("dp_node", "all_gather", n, itemsize, m) if cfg.hpz else primary)
+        out.append(("dp_node", Call("all_gather", n, itemsize, m, bwd.kind)) if cfg.hpz else gather(bwd.kind))
     if cfg.qgz:
-        out.append(("dp_node", "all_to_all", h * quantized_bytes(nodes * s, cfg.grad_bits, cfg.block), 1, m))
-        out.append(("dp_cross", "all_to_all", nodes * quantized_bytes(s, cfg.grad_bits, cfg.block), 1, m))
+        out.append(("dp_node", Call("all_to_all", h * quantized_bytes(nodes * s, cfg.grad_bits, cfg.block), 1, m,
+                                    grad.kind)))
+        out.append(("dp_cross", Call("all_to_all", nodes * quantized_bytes(s, cfg.grad_bits, cfg.block), 1, m,
+                                     grad.kind)))
     else:
-        out.append(("dp", "reduce_scatter", n, itemsize, m))
+        out.append(("dp", Call("reduce_scatter", n, itemsize, m, grad.kind)))
     sizes = {"dp": dp, "dp_node": h, "dp_cross": nodes}
     return [c for c in out if sizes[c[0]] > 1]
 
 
 def calls(cfg: ZeroPP, buckets: list[tuple[int, bool]], dp: int, itemsize: int,
-          micro_batches: int) -> list[tuple[str, str, int, int, int]]:
-    """Every bucket's calls of one step, then the norm's all-reduce of one fp32 over dp."""
+          micro_batches: int) -> list[tuple[str, Call]]:
+    """Every bucket's (group, call) of one step, then the norm's all-reduce of one fp32 over dp."""
     out = [c for numel, root, *_ in buckets for c in bucket_calls(cfg, numel, root, dp, itemsize, micro_batches)]
-    return out + ([("dp", "all_reduce", 1, 4, 1)] if dp > 1 else [])
+    return out + ([("dp", NORM_CALL)] if dp > 1 else [])
 
 
 def secondary_bytes(cfg: ZeroPP, buckets: list[tuple[int, bool]], dp: int, itemsize: int) -> int:
