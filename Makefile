@@ -18,7 +18,9 @@ run: $(STAMP)
 	$(VENV)/bin/ringzero train --nproc 4 --strategy zero2 --recompute selective --micro-batch 4 --steps 200
 	$(VENV)/bin/ringzero plan --model llama-2-7b --gpus 8 --gpu a100-80gb --zero 3 --recompute selective --flash-attention
 
+# scripts/test-deps installs what the tests need beyond Python packages (Chromium), as CI does.
 test: $(STAMP)
+	scripts/test-deps
 	$(PY) -m pytest -q --durations=25
 
 bench: $(STAMP)
@@ -33,6 +35,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_train.py
 	$(PY) benchmarks/bench_compression.py --json out/bench_compression.json --plot out/compression.png
 	$(PY) benchmarks/bench_offload.py --json out/bench_offload.json
+	$(PY) benchmarks/bench_pipeline_bubble.py
 	$(VENV)/bin/ringzero bench ps --nproc 4 --steps 60 --plot out/bench_ps.png --json out/bench_ps.json
 	$(PY) benchmarks/bench_faults.py --trials 20 --nproc 3
 	$(PY) benchmarks/bench_hangs.py --trials 20

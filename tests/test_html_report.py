@@ -23,7 +23,7 @@ CHARTS = ("chart-loss", "chart-memory", "chart-kinds", "chart-gantt")
 
 def _chromium(tmp_path, *args):
     if not os.path.exists(CHROMIUM) and shutil.which("chromium") is None:
-        pytest.fail("Chromium is not installed: the browser test needs it (apt-get install -y chromium; .ci/run does)")
+        pytest.fail("Chromium is not installed: the browser test needs it (scripts/test-deps, which make test runs, installs it)")
     exe = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
     return subprocess.run([exe, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0", *args],
                           capture_output=True, text=True, timeout=90)
