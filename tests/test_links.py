@@ -171,7 +171,9 @@ def test_many_senders_share_the_receivers_link(pool):
     (each sender's own link is free; the receiver's is the bottleneck)."""
     walls = pool.run(_incast, world=4, timeout=60)
     assert walls[0] >= 0.29, walls
-    assert sorted(walls[1:])[-1] >= 0.29 and sorted(walls[1:])[0] < 0.25, walls   # served one after another
+    first, *_, last = sorted(walls[1:])
+    assert last >= 0.29, walls                  # the last sender served waits for the two before it
+    assert first <= last - 0.1, walls           # served one after another, not shared to the end (a busy core delays both)
 
 
 def _collectives_held(g):

@@ -57,6 +57,9 @@ def _timed(g):
 
 @pytest.mark.timeout(120)
 def test_ringzeros_collectives_under_the_emulator_take_the_simulated_time(pool):
+    """The emulator holds every cross-node message for its link time and a busy core only adds to
+    the host's part, so no run is faster than the simulation by more than the simulator's error
+    (15 %); how close it comes from above, on a quiet machine, is `benchmarks/bench_simulate_engine.py`'s."""
     measured = pool.run(_timed, world=4, timeout=90)
     bad = []
     for alg in ALGORITHMS:
@@ -66,6 +69,6 @@ def test_ringzeros_collectives_under_the_emulator_take_the_simulated_time(pool):
         sim = local.seconds("all_reduce", alg, 4, COUNT, 4, 2, GBPS, LATENCY_US, host)
         assert host + link >= sim > link > 0.5 * sim
         print(f"{alg}: measured {got * 1e3:.1f} ms, simulated {sim * 1e3:.1f} ms, host + links {(host + link) * 1e3:.1f}")
-        if abs(sim / got - 1) > 0.15:         # the error against the measured time, as the bench reports it
+        if got < 0.85 * sim:                  # faster than the emulated links allow
             bad.append(f"{alg}: measured {got * 1e3:.1f} ms, simulated {sim * 1e3:.1f} ms")
     assert not bad, bad
