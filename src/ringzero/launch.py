@@ -7,8 +7,8 @@ dies, the others are stopped at once and `RankError` names the rank and its erro
 every rank is stopped and the error says which ranks had not finished; with a watchdog, a job whose
 ranks stop completing steps is stopped too (`ringzero.watchdog`). Ranks die with the parent and
 leave Ctrl-C to it (`ringzero.rank_io`). Nothing hangs and nothing is orphaned, and what the parent
-shares with its ranks has no name that a parent killed with SIGKILL would leave behind
-(`ringzero.rank_ipc`).
+shares with its ranks has no name that a parent killed with SIGKILL would leave behind; each rank
+gets its own copy of `args` and the parent a copy of each result (`ringzero.rank_ipc`).
 
 Under torchrun (`RANK` and `WORLD_SIZE` in the environment) `run` joins that job instead: NCCL when
 CUDA is available, gloo otherwise, and calls `fn` once on this rank (`ringzero.torchrun_job`).
@@ -100,9 +100,10 @@ def _bootstrap(rank: int, world: int, port: int, threads: int, timeout_s: float,
     flight_watch.start(store, rank)              # what this rank waits in, for the parent's stall report
 
 
-def _worker(rank, world, port, threads, timeout_s, fn, args, results, ties=None) -> None:
+def _worker(rank, world, port, threads, timeout_s, job: bytes, results, ties=None) -> None:
     try:
         _bootstrap(rank, world, port, threads, timeout_s, ties)
+        fn, args = rank_ipc.decode(job)
         out = fn(*args)
         results.put(("ok", rank, out))
     except BaseException as exc:  # report everything, including KeyboardInterrupt, to the parent
@@ -178,6 +179,7 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    job = rank_ipc.encode((fn, args))          # before anything starts: an unpicklable fn raises here
     ctx = mp.get_context("spawn")
     store, port = host_store(nproc)
     results = rank_ipc.Results(ctx, nproc)
@@ -190,7 +192,7 @@ def spawn(fn, nproc: int, args: tuple = (), timeout: float = DEFAULT_TIMEOUT_S,
         ties = [_Ties(os.getpid(), paths[r], dog.array if dog else None, _on_main_thread(), links, token)
                 for r in range(nproc)]
         procs = [ctx.Process(target=_worker, daemon=True,
-                             args=(r, nproc, port, threads, timeout, fn, args, results.sender(r), ties[r]))
+                             args=(r, nproc, port, threads, timeout, job, results.sender(r), ties[r]))
                  for r in range(nproc)]
         forwarder = rank_io.StderrForwarder(paths)
         try:

@@ -5,7 +5,9 @@ multi-rank cases cannot pay that per case. `RankPool(8)` starts 8 ranks once, bu
 groups {0}, {0,1}, …, {0..7} on every rank, and then runs `pool.run(fn, *args, world=k)`: ranks
 0..k-1 call `fn(group_k, *args)`, the rest idle. As in DeepSpeed's DistributedTest pool, all ranks
 agree on the outcome: the first error fails the call with that rank's traceback, and if any rank is
-left stuck (a peer died mid-collective) the whole pool is restarted before the next job.
+left stuck (a peer died mid-collective) the whole pool is restarted before the next job. Jobs and
+results travel as copies (`ringzero.rank_ipc`): a rank never writes into another's arguments, nor
+into a result the caller already holds.
 """
 
 from __future__ import annotations
@@ -80,8 +82,9 @@ class RankPool:
             raise ValueError(f"world must be in 1..{self.nproc}, got {world}")
         if not self._procs:
             self._start()
+        job = rank_ipc.encode((fn, args, world))      # each rank decodes its own copy of args
         for q in self._tasks:
-            q.put((fn, args, world))
+            q.put_encoded(job)
         try:
             results = launch.collect(self._procs, self._results, self.nproc, timeout or self.timeout)
         except launch.RankError:

@@ -12,15 +12,79 @@ kernel frees with the last process that holds them.
 
 Every object here is handed to a rank as an argument of `Process` (pickled while the rank is
 spawned, which is how the file descriptors reach it).
+
+What travels over the pipes is bytes (`encode`, `decode`). multiprocessing's own pickler would
+hand each tensor over as a file descriptor of shared memory, fetched from the sender's resource
+sharer thread only when the receiver unpickles it: a rank that returns tensors and exits at once
+has gone by then (its result is lost), and a rank that lives on (`RankPool`) keeps writing into
+memory the parent took as its result, while a job's tensor arguments become one buffer that every
+rank and the parent write. Here the tensors' data is copied into the message instead: the object
+is pickled with every tensor replaced by its index in a list, and the list follows, written by
+`torch.save` (each storage once: views of one tensor stay views of one storage on arrival). The
+pickling stays in C (`reducer_override` is not called for floats, ints or strings), where
+`torch.save` of the whole object would call its Python `persistent_id` on every float of a result
+holding parameters as lists (seconds for a million).
 """
 
 from __future__ import annotations
 
 import fcntl
+import io
+import pickle
 import queue
 import tempfile
 import threading
 from multiprocessing import connection, reduction
+
+import torch
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.tensors: list[torch.Tensor] = []
+
+    def reducer_override(self, obj):
+        if not isinstance(obj, torch.Tensor):
+            return NotImplemented
+        self.tensors.append(obj)          # pickle's memo sends a tensor met twice as one
+        return _tensor_at, (len(self.tensors) - 1,)
+
+
+def _tensor_at(index: int):
+    raise RuntimeError("rank_ipc: a tensor reference outside `decode`")   # `decode` resolves it
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, tensors: list):
+        super().__init__(file)
+        self._tensors = tensors
+
+    def find_class(self, module, name):
+        if module == __name__ and name == "_tensor_at":
+            return self._tensors.__getitem__
+        return super().find_class(module, name)
+
+
+def encode(item) -> bytes:
+    """`item` (any picklable object, tensors included) as bytes that outlive the sender: the
+    length of the pickled object (8 bytes), the object, then its tensors as `torch.save` wrote them."""
+    main = io.BytesIO()
+    pickler = _Pickler(main)
+    pickler.dump(item)
+    tail = io.BytesIO()
+    if pickler.tensors:
+        torch.save(pickler.tensors, tail)
+    return len(main.getbuffer()).to_bytes(8, "little") + main.getvalue() + tail.getvalue()
+
+
+def decode(data: bytes):
+    """The object `encode` made. The tensors are loaded without `weights_only`: the bytes come from
+    this job's own processes."""
+    view = memoryview(data)
+    n = int.from_bytes(view[:8], "little")
+    tensors = torch.load(io.BytesIO(view[8 + n:]), weights_only=False) if len(view) > 8 + n else []
+    return _Unpickler(io.BytesIO(view[8:8 + n]), tensors).load()
 
 
 class Sender:
@@ -30,7 +94,7 @@ class Sender:
         self._conn = conn
 
     def put(self, item) -> None:
-        self._conn.send(item)
+        self._conn.send_bytes(encode(item))      # encoded first: a failure sends nothing
 
 
 class Results:
@@ -55,10 +119,19 @@ class Results:
     def get(self, timeout: float):
         for conn in connection.wait(self._open, timeout):
             try:
-                return conn.recv()
+                data = conn.recv_bytes()
             except (EOFError, OSError):
                 self._open.remove(conn)
+                continue
+            return self._decode(self._readers.index(conn), data)
         raise queue.Empty
+
+    @staticmethod
+    def _decode(rank: int, data: bytes):
+        try:
+            return decode(data)
+        except Exception as exc:      # e.g. a class the rank had and this process cannot import
+            return "err", rank, f"its result could not be read back: {type(exc).__name__}: {exc}"
 
     def close(self) -> None:
         for c in self._readers + self._writers:
@@ -75,10 +148,14 @@ class Inbox:
         return {"_recv": self._recv, "_send": None}      # the rank only reads
 
     def put(self, item) -> None:
-        self._send.send(item)
+        self.put_encoded(encode(item))
+
+    def put_encoded(self, data: bytes) -> None:
+        """Send what `encode` made (one encoding serves every rank's inbox)."""
+        self._send.send_bytes(data)
 
     def get(self):
-        return self._recv.recv()
+        return decode(self._recv.recv_bytes())
 
     def close(self) -> None:
         for c in (self._recv, self._send):
