@@ -101,7 +101,8 @@ def test_megatron_gpt2_zero3_with_warmup_and_activation_checkpointing(tmp_path):
                 "scheduler"):
         assert warned.count(key) == 1, (key, warned)
     sched = next(line for line in lines if "scheduler WarmupLR" in line)
-    assert "holds the peak" in sched and "logarithmically" in sched and "(50)" in sched
+    assert "logarithmically" in sched and "holds the peak" not in sched         # ringzero holds it too
+    assert cfg.optim.lr_schedule == "constant" and cfg.lr_at(49) == cfg.optim.lr
 
 
 def test_zero_infinity_nvme(tmp_path):
@@ -246,6 +247,41 @@ def test_schedulers(tmp_path):
              "scheduler.params.cos_min_ratio is not a parameter of WarmupLR")
     _refused(tmp_path, {"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}},
              "warmup_type='cosine'; allowed: log, linear")
+
+
+def _lrs_of_a_run(group, cfg: TrainConfig) -> list[float]:
+    """The lr of each optimizer step of `cfg`'s run, taken where the engine hands it to the optimizer."""
+    from ringzero.parallel.optimizer import ShardedAdam
+    from ringzero.train.rank import train_rank
+    seen, step = [], ShardedAdam.step
+
+    def recorded(self, grads, divisor, loss_scale=1.0, lr=None):
+        seen.append(lr)
+        return step(self, grads, divisor, loss_scale, lr)
+
+    ShardedAdam.step = recorded
+    try:
+        train_rank(cfg, group=group, calibrate=False)
+    finally:
+        ShardedAdam.step = step
+    return seen
+
+
+@pytest.mark.timeout(120)
+def test_without_a_scheduler_the_run_steps_with_the_optimizers_lr(pool, tmp_path):
+    # DeepSpeed without a scheduler: the optimizer's lr from step 1, constant (no warm-up, no decay).
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
+    args = cli.build_parser("train").parse_args(["train", "--config", str(path), "--steps", "3", "--model", "nano",
+                                                 "--seq", "16", "--max-bytes", "32768", "--eval-every", "1000",
+                                                 "--eval-batches", "1"])
+    cfg = train_cmd.config_from(args, world=1)
+    assert pool.run(_lrs_of_a_run, cfg, world=1)[0] == [1e-3] * 3
+    cfg, _, _ = _read(tmp_path, {"optimizer": {"params": {"lr": 1e-3}}}, steps=4, warmup=2)    # a flag wins
+    assert [cfg.lr_at(s) for s in range(4)] == [5e-4, 1e-3, 1e-3, 1e-3]
+    warmup_lr = {"type": "WarmupLR", "params": {"warmup_num_steps": 2, "warmup_type": "linear", "warmup_max_lr": 2e-3}}
+    cfg, _, lines = _read(tmp_path, {"scheduler": warmup_lr}, steps=6)
+    assert ([cfg.lr_at(s) for s in range(6)], lines) == ([1e-3] + [2e-3] * 5, [])   # warm-up, then the peak held
 
 
 def test_command_line_flags_win_over_mapped_keys(tmp_path):

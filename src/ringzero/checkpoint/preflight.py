@@ -96,8 +96,8 @@ def changes(cfg, m, world: int | None, directory: str) -> list[str]:
         if before != now:
             what.append(f"global batch {before} -> {now} (the batches after it hold other sequences)")
     meaning = {"steps": "the learning-rate schedule ends elsewhere", "lr": "another learning-rate schedule",
-               "warmup": "another learning-rate schedule", "data": "another corpus", "max_bytes": "another corpus",
-               "seed": "another data order and dropout"}
+               "warmup": "another learning-rate schedule", "lr_schedule": "another learning-rate schedule",
+               "data": "another corpus", "max_bytes": "another corpus", "seed": "another data order and dropout"}
     now = cfg.flat()
     for name, why in meaning.items():
         if name in saved and saved[name] != now[name]:

@@ -1,5 +1,10 @@
 """How a run updates its weights: AdamW's settings, the learning-rate schedule, gradient clipping,
-the training precision and fp16's loss scaler (`precision_options`)."""
+the training precision and fp16's loss scaler (`precision_options`).
+
+The schedule is a linear warm-up over `warmup` steps, then `LR_SCHEDULES[lr_schedule]` of the
+fraction of the remaining steps that has passed times `lr`: GPT-3's cosine decay to lr/10 (Brown et
+al. 2020 §B), or a constant lr (what DeepSpeed runs without a scheduler, and after WarmupLR's
+warm-up)."""
 
 from __future__ import annotations
 
@@ -11,16 +16,35 @@ from ringzero.run.fields import FieldError, check, choice
 from ringzero.run.precision_options import LossScalerConfig
 
 
+def _cosine(progress: float) -> float:
+    """1 at the end of the warm-up, cosine down to 0.1 at the last step (Brown et al. 2020 §B)."""
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _constant(progress: float) -> float:
+    return 1.0
+
+
+LR_SCHEDULES = {"cosine": _cosine, "constant": _constant}
+"""What multiplies lr after the warm-up, by the fraction of the steps after it that have passed."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     lr: float = 3e-3
+    """AdamW's peak learning rate, reached at the end of the warm-up."""
     warmup: int = 10
-    """Linear warm-up steps, then cosine decay to lr/10 at the last step."""
+    """Linear warm-up steps (0: the full lr from the first step), then `lr_schedule`."""
+    lr_schedule: str = "cosine"
+    """After the warm-up: cosine decay to lr/10 at the last step, or constant (`LR_SCHEDULES`)."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay: each step multiplies the weights by 1 - lr x this (0: none)."""
     betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW's decay rates of the gradient's first and second moments."""
     eps: float = 1e-8
+    """Added to the root of AdamW's second moment before the division."""
     clip: float | None = 1.0
-    """Global gradient-norm clipping (None: off)."""
+    """Clip the gradients' global L2 norm to at most this before the update (None: no clipping)."""
     precision: str = "fp32"
     """fp32, or bf16 / fp16 weights and gradients with fp32 masters (Micikevicius et al. 2018)."""
     loss_scaler: LossScalerConfig = LossScalerConfig()
@@ -28,6 +52,7 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         choice(self, "precision", PRECISIONS)
+        choice(self, "lr_schedule", tuple(LR_SCHEDULES))
         check(self, "warmup", lambda v: v >= 0, "must be >= 0", integer=True)
         for name in ("lr", "eps"):
             check(self, name, lambda v: math.isfinite(v) and v > 0, "must be > 0")
@@ -43,9 +68,8 @@ class OptimConfig:
         return value_bytes(self.precision)
 
     def lr_at(self, step: int, steps: int) -> float:
-        """Linear warm-up then cosine decay to lr/10 at step `steps` (GPT-3's schedule, Brown et al.
-        2020 §B)."""
+        """The lr of step `step` (from 0) of `steps`: linear warm-up, then `lr_schedule`."""
         if step < self.warmup:
             return self.lr * (step + 1) / self.warmup
         progress = (step - self.warmup) / max(1, steps - self.warmup)
-        return self.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+        return self.lr * LR_SCHEDULES[self.lr_schedule](progress)

@@ -68,6 +68,8 @@ def _settings(r: Reader, ds: dict) -> None:
         optimizer(r, r.section(ds, "optimizer"))
     if "scheduler" in ds:                            # after the optimizer: its peak lr wins, as in DeepSpeed
         schedule.scheduler(r, r.section(ds, "scheduler"))
+    else:
+        schedule.no_scheduler(r)
 
 
 def _communication(r: Reader, overrides: dict) -> None:
@@ -163,7 +165,7 @@ def _late_notes(r: Reader, cfg: TrainConfig) -> None:
         r.note(f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect here: this run trains in "
                f"{cfg.optim.precision}, without loss scaling")
     if "scheduler" in r.later:
-        line = schedule.schedule_note(*r.later["scheduler"], cfg.training.steps)
+        line = schedule.schedule_note(*r.later["scheduler"], cfg.training.steps, cfg.optim.lr_schedule)
         if line:
             r.note(line)
 
