@@ -15,13 +15,16 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ringzero import cli
-from ringzero.checkpoint.manifest import CheckpointError, read
-from ringzero.checkpoint.folders import crc32, foreign
+from ringzero.checkpoint.load import Reader
+from ringzero.checkpoint.manifest import CheckpointError, Entry, Manifest, Piece, TPSlice, read
+from ringzero.checkpoint.slices import assemble
+from ringzero.checkpoint.folders import claimed, crc32, foreign
 from ringzero.checkpoint.save import write
 from ringzero.checkpoint.verify import verify
 from ringzero.checkpoint import preflight
 from ringzero.run.config import TrainConfig
 from ringzero.train.rank import train_rank
+from cli_errors import forbid_ranks, refused
 
 BASE = dict(model="nano", seq=16, eval_every=1000, eval_batches=1, max_bytes=1 << 15, warmup=2, micro_batch=2)
 QUICK = ["--seq", "16", "--micro-batch", "2", "--max-bytes", "32768", "--eval-batches", "1", "--warmup", "2",
@@ -148,7 +151,8 @@ def _edit_manifest(directory: str, edit) -> None:
 
 
 @pytest.mark.parametrize("edit, words", [
-    (lambda t: t.replace('"step": 3', '"step": 3, "step": 6'), ["key 'step' appears more than once"]),
+    (lambda t: t.replace('"step": 3', '"step": 3, "step": 6'),
+     ["manifest key 'step' appears more than once in one object: which value is meant cannot be told"]),
     (lambda t: t.replace('"step": 3', '"step": 7.5'), ["'step' must be an integer >= 0, got 7.5"]),
     (lambda t: t.replace('"step": 3', '"step": -5'), ["'step' must be an integer >= 0, got -5"]),
     (lambda t: json.dumps({**json.loads(t), "rng": {"0": "rank-00000.safetensors"}}), ["rank 1's RNG state is missing"]),
@@ -217,6 +221,55 @@ def test_inspect_says_what_it_read_and_verify_reads_every_shard(runs, tmp_path, 
     _refused(*_cli(["checkpoint", "inspect", bad, "--verify"], capsys), "rank-00001.safetensors", "CRC-32")
 
 
+@pytest.mark.timeout(120)
+def test_verify_refuses_pieces_that_cover_half_a_tensor_as_loading_does(runs, tmp_path, capsys):
+    d = _copy(runs, tmp_path)
+    step3 = os.path.join(d, "step-00000003")
+    m = read(step3)
+    name, n = next((k, e.shape[0]) for k, e in sorted(m.tensors.items()) if len(e.shape) == 1)
+
+    def doubled(text: str) -> str:          # the file's piece of n elements is now half of its tensor
+        d = json.loads(text)
+        d["tensors"][name]["shape"] = [2 * n]
+        return json.dumps(d)
+
+    _edit_manifest(step3, doubled)
+    with pytest.raises(CheckpointError) as loading:
+        Reader(step3).tensor(name)
+    assert f"elements [{n}, {2 * n}) of its {2 * n} are in no piece" in str(loading.value)
+    assert cli.main(["checkpoint", "inspect", step3]) == 0           # the manifest alone reads
+    capsys.readouterr()
+    _refused(*_cli(["checkpoint", "inspect", step3, "--verify"], capsys), "manifest.json", str(loading.value))
+    _refused(*_resume(step3, capsys), "manifest.json", str(loading.value))
+
+
+def _entry(*pieces) -> Entry:
+    """Tensor of shape [4, 2] from pieces (flat, tp index or None, tp parts, tp dim)."""
+    tps = [None if i is None else TPSlice(dim, 1, i, parts, (4 // parts, 2) if dim == 0 else (4, 2 // parts))
+           for _, i, parts, dim in pieces]
+    return Entry((4, 2), "float32", [Piece("rank-00000.safetensors", f"k{j}", flat, tp)
+                                     for j, ((flat, *_), tp) in enumerate(zip(pieces, tps))])
+
+
+@pytest.mark.parametrize("pieces, words", [
+    ([((0, 4), None, 1, 0), ((5, 8), None, 1, 0)], "elements [4, 5) of its 8 are in no piece"),
+    ([((0, 4), 0, 2, 0), ((0, 2), 1, 2, 0)], "elements [2, 4) of its tensor-parallel slice 1's 4 are in no piece"),
+    ([((0, 4), 0, 2, 0)], "it has tensor-parallel slices [0] of 2"),
+    ([((0, 8), None, 1, 0), ((0, 4), 1, 2, 0)], "mixes whole and tensor-parallel pieces"),
+    ([((0, 4), 0, 2, 0), ((0, 4), 1, 2, 1)], "mixes tensor-parallel layouts"),
+])
+def test_verify_and_loading_make_one_coverage_check(tmp_path, pieces, words):
+    entry = _entry(*pieces)
+    with pytest.raises(CheckpointError) as loading:
+        assemble("w", entry, lambda p: pytest.fail("a piece was read before its coverage was checked"))
+    assert words in str(loading.value)
+    m = Manifest(step=1, layout={}, config={}, tensors={"w": entry})
+    with pytest.raises(CheckpointError) as verifying:
+        verify(str(tmp_path), m, deep=False)
+    assert str(verifying.value) == f"{tmp_path / 'manifest.json'}: {loading.value}"
+    assert verify(str(tmp_path), Manifest(step=1, layout={}, config={}, tensors={}), deep=False).files == 0
+
+
 def test_verify_counts_every_state_tensor(runs):
     m = read(str(runs / "a" / "step-00000003"))
     v = verify(str(runs / "a" / "step-00000003"), m, deep=True)
@@ -242,6 +295,23 @@ def test_a_command_never_overwrites_its_inputs(runs, tmp_path, capsys):
                     "--nvme-path", str(swap), "--save-dir", str(swap), *QUICK], capsys), "--save-dir", "--nvme-path",
              "overlap")
     assert os.listdir(swap) == []
+
+
+def test_no_output_writes_into_a_checkpoint_or_over_a_save_folders_names(runs, tmp_path, capsys, monkeypatch):
+    forbid_ranks(monkeypatch)
+    d = _copy(runs, tmp_path)                    # a save folder: latest, step-00000003/, step-00000006/
+    step3 = os.path.join(d, "step-00000003")
+    refused(capsys, tmp_path, ["checkpoint", "consolidate", d, "--out", os.path.join(d, "latest")],
+            "--out", f"is 'latest' of save folder {d!r} (its pointer to the newest checkpoint)")
+    assert open(os.path.join(d, "latest")).read().strip() == "step-00000006"
+    train = ["train", "--nproc", "2", "--steps", "2", *QUICK, "--trace"]
+    for trace, words in ((d, "is save folder"), (step3, "is checkpoint"), (os.path.join(step3, "t"), "is inside checkpoint"),
+                         (os.path.join(d, "step-00000009"), f"is 'step-00000009' of save folder {d!r}")):
+        refused(capsys, tmp_path, [*train, trace], f"--trace {trace!r} {words}", "only ringzero train writes there")
+    new = str(tmp_path / "new")
+    refused(capsys, tmp_path, [*train, new, "--save-dir", new], "is save folder", "this run's --save-dir")
+    for free in (os.path.join(d, "model.safetensors"), os.path.join(d, "traces"), new):
+        assert claimed(free) is None, free                  # beside the checkpoints, or in a plain folder
 
 
 def test_a_save_dir_that_cannot_be_written_is_refused_before_ranks_start(capsys):

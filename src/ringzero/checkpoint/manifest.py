@@ -182,8 +182,8 @@ def parse(text: str) -> Manifest:
         d = json.loads(text, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"manifest is not JSON: {exc}") from None
-    except ValueError as exc:              # a key twice: which value is meant cannot be told
-        raise CheckpointError(f"manifest has a {exc}") from None
+    except ValueError as exc:              # a key twice (`unique_keys`): which value is meant cannot be told
+        raise CheckpointError(f"manifest {exc}: which value is meant cannot be told") from None
     except RecursionError:
         raise CheckpointError("manifest is nested too deeply to be one") from None
     if not isinstance(d, dict) or d.get("format") not in FORMATS:

@@ -8,11 +8,11 @@ parts × its slice's rows first (the padding rows are dropped again when assembl
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
 
+from ringzero.checkpoint.coverage import check as check_coverage, slice_size
 from ringzero.checkpoint.manifest import CheckpointError, Entry, Piece, TPSlice
 
 
@@ -36,33 +36,14 @@ def _join(slices: dict[int, torch.Tensor], tp: TPSlice, shape: tuple[int, ...]) 
     return full.narrow(tp.dim, 0, shape[tp.dim])
 
 
-def _check_cover(name: str, spans: list[tuple[int, int]], size: int) -> None:
-    """CheckpointError unless the [lo, hi) `spans` cover [0, size) (overlaps allowed)."""
-    reach = 0
-    for lo, hi in sorted(spans):
-        if lo > reach:
-            break
-        reach = max(reach, hi)
-    if reach < size:
-        raise CheckpointError(f"tensor {name!r} is incomplete: its pieces leave elements from {reach} of {size} "
-                              "uncovered")
-
-
 def assemble(name: str, entry: Entry, read: Callable[[Piece], torch.Tensor]) -> torch.Tensor:
     """Global tensor `name` of `entry`, from its pieces (`read(piece)`: the piece's 1-D values).
-    CheckpointError when its pieces do not cover it."""
+    CheckpointError when its pieces do not cover it (`coverage.check`, which `verify` makes too)."""
     dtype = getattr(torch, entry.dtype)
-    by_slice: dict[int | None, list[Piece]] = {}
-    for p in entry.pieces:
-        by_slice.setdefault(p.tp.index if p.tp is not None else None, []).append(p)
-    tps = {p.tp for p in entry.pieces if p.tp is not None}
-    if tps and None in by_slice:
-        raise CheckpointError(f"tensor {name!r} mixes whole and tensor-parallel pieces")
+    by_slice = check_coverage(name, entry)
     flats: dict[int | None, torch.Tensor] = {}
     for index, pieces in by_slice.items():
-        size = math.prod(pieces[0].tp.shape) if index is not None else entry.numel()
-        _check_cover(name, [p.flat for p in pieces], size)
-        flat = torch.empty(size, dtype=dtype)
+        flat = torch.empty(slice_size(entry, pieces[0]), dtype=dtype)
         for p in pieces:
             values = read(p)
             if values.numel() != p.numel():
@@ -73,12 +54,8 @@ def assemble(name: str, entry: Entry, read: Callable[[Piece], torch.Tensor]) -> 
         flats[index] = flat
     if None in flats:
         return flats[None].view(entry.shape)
-    tp = next(iter(tps))
-    if sorted(flats) != list(range(tp.parts)):
-        raise CheckpointError(f"tensor {name!r} is incomplete: it has tensor-parallel slices {sorted(flats)} "
-                              f"of {tp.parts}")
-    slices = {r: flats[r].view(by_slice[r][0].tp.shape) for r in flats}
-    return _join(slices, tp, entry.shape)
+    tp = entry.pieces[0].tp                           # one layout for all slices (`coverage.check`)
+    return _join({r: flats[r].view(tp.shape) for r in flats}, tp, entry.shape)
 
 
 def piece_of(full: torch.Tensor, tp: TPSlice | None, flat: tuple[int, int]) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """Checking a checkpoint before anything of it is loaded: what the manifest names is what is on disk.
 
-`verify(directory, manifest)` checks every file the manifest lists, in the order a loader would
-trust them:
+`verify(directory, manifest)` checks first that the manifest's pieces make up every tensor whole,
+as loading does (`coverage.check`: the same check), then every file the manifest lists, in the
+order a loader would trust them:
 
 1. the file is a regular file inside the checkpoint folder: not a symbolic link (to anywhere: a
    link to another run's shard reads as that run's), not a FIFO or device, and its real path is
@@ -25,7 +26,8 @@ import os
 import stat
 from dataclasses import dataclass
 
-from ringzero.checkpoint.manifest import CheckpointError, Manifest
+from ringzero.checkpoint.coverage import check as check_coverage
+from ringzero.checkpoint.manifest import MANIFEST, CheckpointError, Manifest
 
 CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 STATE_KINDS = ("param", "master", "exp_avg", "exp_avg_sq")
@@ -110,9 +112,20 @@ def _finite(path: str) -> int:
     return count
 
 
+def _covered(directory: str, m: Manifest) -> None:
+    """CheckpointError, naming the manifest, at the first tensor its pieces do not make up whole."""
+    for name, entry in m.tensors.items():
+        try:
+            check_coverage(name, entry)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{os.path.join(directory, MANIFEST)}: {exc}") from None
+
+
 def verify(directory: str, m: Manifest, deep: bool = True) -> Verified:
-    """CheckpointError naming the first file of `directory` that is not what manifest `m` says."""
+    """CheckpointError naming the first tensor that manifest `m`'s pieces leave incomplete, or the
+    first file of `directory` that is not what `m` says."""
     from ringzero.checkpoint.folders import crc32
+    _covered(directory, m)
     total = tensors = 0
     for name, pieces in _pieces_by_file(m).items():
         path = regular_file(directory, name)

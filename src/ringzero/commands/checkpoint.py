@@ -6,7 +6,8 @@
 
 A checkpoint is a folder written by `ringzero train --save-dir` (or a --save-dir itself: its
 latest complete checkpoint). Everything is checked before anything is written: a bad path is one
-line, exit code 2, and no output file.
+line, exit code 2, and no output file; --out never writes into a checkpoint or over a save
+folder's `latest` or step-NNNNNNNN names (`checkpoint.folders.claimed`).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("path", help="a checkpoint folder, or a --save-dir (its latest)")
     i.add_argument("--json", action="store_true", help="print the manifest as JSON")
     i.add_argument("--verify", action="store_true",
-                   help="read every shard: a regular file of the folder, its size, CRC-32, run id, each piece's "
-                        "dtype and size, every weight and optimizer state finite")
+                   help="check what loading checks: the pieces make up every tensor whole, and every shard is "
+                        "a regular file of the folder with its size, CRC-32, run id, each piece's dtype and size, "
+                        "every weight and optimizer state finite")
     c = sub.add_parser("consolidate", help="write one full-model safetensors file, tensor by tensor")
     c.add_argument("path", help="a checkpoint folder, or a --save-dir (its latest)")
-    c.add_argument("--out", required=True, metavar="FILE.safetensors")
+    c.add_argument("--out", required=True, metavar="FILE.safetensors",
+                   help="the file to write: every weight whole, as one model on one rank would hold it")
     c.add_argument("--with-optimizer", action="store_true", help="also Adam's moments (exp_avg, exp_avg_sq)")
 
 
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from ringzero.errors import UsageError, usage
     verified = None
     with usage():
-        from ringzero.checkpoint.folders import resolve
+        from ringzero.checkpoint.folders import not_claimed, resolve
         from ringzero.checkpoint.manifest import CheckpointError, read
         from ringzero.checkpoint.verify import verify
         directory = resolve(args.path)
@@ -77,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if args.action == "consolidate":
             out = outputs.check(args.out, "--out")
             outputs.not_an_input(args.out, "--out", {"the checkpoint": directory})
+            not_claimed(args.out, "--out")
             verify(directory, m, deep=True)
         elif args.verify:
             verified = verify(directory, m, deep=True)

@@ -8,13 +8,27 @@ import argparse
 import os
 
 from ringzero import outputs
+from ringzero.checkpoint.folders import not_claimed
 from ringzero.commands import train_args
 from ringzero.run import trace_options
 from ringzero.run.config import TrainConfig
 
 
+def _outside_checkpoints(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """No output writes into a checkpoint, nor is a save folder (this run's --save-dir included)
+    or one of its `latest` and step-NNNNNNNN names (`checkpoint.folders.claimed`)."""
+    paths = {"--trace": cfg.trace.trace, "--profile": cfg.trace.profile, "--json-report": args.json_report,
+             "--pipeline-plot": getattr(args, "pipeline_plot", None), "--html-report": getattr(args, "html_report", None)}
+    save_dirs = (cfg.checkpoint.save_dir,) if cfg.checkpoint.save_dir else ()
+    for flag, path in paths.items():
+        if path:
+            not_claimed(path, flag, save_dirs)
+
+
 def check(args: argparse.Namespace, cfg: TrainConfig, inputs: dict) -> None:
-    """Every output path against the inputs and the file system; the traced steps against the run."""
+    """Every output path against the inputs, the checkpoints and the file system; the traced steps
+    against the run."""
+    _outside_checkpoints(args, cfg)
     if args.json_report:
         outputs.check(args.json_report, "--json-report")
         outputs.not_an_input(args.json_report, "--json-report", inputs)
