@@ -1,6 +1,7 @@
 """Speed of `ringzero.simulate`: how long the simulator takes to play collectives on large clusters.
 
-The goals: a 16,384-GPU ring, tree and hierarchical all-reduce of 1 GiB each in under 1 s, and an
+The goals: a 16,384-GPU ring, tree and hierarchical all-reduce of 1 GiB each in under 1 s, "auto"
+at 16,384 GPUs (1 MiB, 1 GiB) in under 2 s each, and an
 8-size nccl-tests sweep (1 MiB to 8 GiB) at 1,024 GPUs in under 5 s, on a 2-core machine. Each case
 is timed end to end (schedule built from the algorithm, routed, played) as the best of `--repeat`
 runs; the simulated time and busbw are printed beside it so a change in speed that also changes
@@ -28,7 +29,7 @@ from ringzero.simulate.topology import preset
 
 GiB = 1 << 30
 SWEEP = tuple(1 << p for p in range(20, 33, 2)) + (8 * GiB,)           # 1M, 4M, ..., 4G, 8G: 8 sizes
-GOALS = {"large": 1.0, "sweep": 5.0}
+GOALS = {"large": 1.0, "sweep": 5.0, "auto": 2.0}
 
 
 def _best(fn, repeat: int) -> tuple[float, object]:
@@ -47,6 +48,19 @@ def large(repeat: int, gpus: int = 16384) -> list[dict]:
         rows.append({"case": f"{gpus} GPUs {alg} 1 GiB", "wall_s": wall, "goal_s": GOALS["large"],
                      "simulated_ms": played.seconds * 1e3,
                      "busbw_GBps": bandwidths("all_reduce", gpus, GiB, played.seconds)[1]})
+    return rows
+
+
+def auto_large(repeat: int, gpus: int = 16384) -> list[dict]:
+    """"auto" at 16,384 GPUs, as `simulate collective` answers it (`simulate.auto.fastest`: only the
+    candidates a lower bound does not rule out are played), at 1 MiB and 1 GiB."""
+    from ringzero.simulate.auto import fastest
+    topo, rows = preset("dgx-h100", gpus), []
+    for size, name in ((1 << 20, "1 MiB"), (GiB, "1 GiB")):
+        wall, got = _best(lambda: fastest("all_reduce", candidates("all_reduce", topo), topo, size), repeat)
+        rows.append({"case": f"{gpus} GPUs auto {name} ({got.algorithm}; played {len(got.compared)})",
+                     "wall_s": wall, "goal_s": GOALS["auto"], "simulated_ms": got.played.seconds * 1e3,
+                     "busbw_GBps": bandwidths("all_reduce", gpus, size, got.played.seconds)[1]})
     return rows
 
 
@@ -144,7 +158,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--plot", type=Path, help="write the scaling picture here (PNG)")
     a = p.parse_args(argv)
-    rows = large(a.repeat) + sweep(a.repeat)
+    rows = large(a.repeat) + auto_large(a.repeat) + sweep(a.repeat)
     print(f"{'case':34} {'wall (s)':>9} {'goal':>6}  {'simulated (ms)':>14} {'busbw at the size (GB/s)':>25}")
     for r in rows:
         goal = f"<{r['goal_s']:g}" if r["goal_s"] else "-"

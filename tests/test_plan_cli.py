@@ -10,6 +10,7 @@ from ringzero.commands import plan as plan_cmd
 from ringzero.plan.strategies import compare
 from ringzero.plan.config import Parallel, Training
 from ringzero.plan.model.presets import MODELS, TRAINED_TOKENS
+from ringzero.plan.units import parse_bandwidth
 
 SPEC = ["plan", "--model", "llama-2-7b", "--gpus", "8", "--gpu", "a100-80gb", "--zero", "3"]
 CUSTOM = ["--layers", "4", "--hidden", "256", "--heads", "8", "--vocab", "1000", "--seq", "128"]
@@ -94,8 +95,8 @@ def test_gpus_tokens_and_hardware_flags(capsys):
 def test_quantity_parsers():
     assert plan_cmd.parse_count("300e9") == plan_cmd.parse_count("300B") == 300e9
     assert plan_cmd.parse_count("2T") == 2e12 and plan_cmd.parse_count("1.5m") == 1.5e6
-    assert plan_cmd.parse_bytes("300GB/s", "--intra-bw", per_second=True) == 300e9
-    assert plan_cmd.parse_bytes("200Gbit/s", "--inter-bw", per_second=True) == 25e9
+    assert parse_bandwidth("300GB/s", "--intra-bw").bytes_per_s == 300e9
+    assert parse_bandwidth("200Gbit/s", "--inter-bw").bytes_per_s == 25e9
     assert plan_cmd.parse_bytes("80GiB", "--hbm") == 80 * 2**30
     assert plan_cmd.parse_bytes("8.5e10", "--hbm") == 8.5e10
     for bad in ("", "two", "5X", "-3"):

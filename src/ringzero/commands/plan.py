@@ -113,11 +113,16 @@ def build_hardware(args) -> Hardware:
             continue
         name = "--" + flag.replace("_", "-")
         if flag in ("intra_bw", "inter_bw"):
-            value = parse_bytes(value, name, per_second=True)
+            value = value.bytes_per_s          # a `Bandwidth`: parsed with the command line
         elif flag == "hbm":
             value = int(parse_bytes(value, name))
         changes[field] = value
     return dataclasses.replace(hw, name=f"{hw.name} (modified)", **changes) if changes else hw
+
+
+def given_units(args) -> dict[str, str]:
+    """Hardware field -> the unit its bandwidth flag was given in: the plan echoes it so."""
+    return {f: getattr(args, f).unit for f in ("intra_bw", "inter_bw") if getattr(args, f, None) is not None}
 
 
 def check_output(args) -> None:
@@ -233,5 +238,5 @@ def run(args) -> int:
         return 0
     from ringzero.commands import plan_render
     plan_render.render(e, tokens_from=tokens_source(args, e.training), advice=run_recommend(e), found=found,
-                       plot=args.plot, ps=ps, compression=compressed)
+                       plot=args.plot, ps=ps, compression=compressed, units=given_units(args))
     return 0

@@ -10,11 +10,13 @@ from ringzero.plan.hardware import HARDWARE
 from ringzero.plan.model.presets import MODELS
 from ringzero.plan.model.shapes import NORMS, POSITIONS
 from ringzero.plan.strategies.compression_plan import SCHEMES
-from ringzero.plan.units import NEGATIVE_VALUE
+from ringzero.plan.units import NEGATIVE_VALUE, BandwidthFlag
 
-SHAPE_HELP = {"layers": "transformer blocks L", "hidden": "model width h", "heads": "attention heads a",
+SHAPE_HELP = {"layers": "transformer blocks L of the model", "hidden": "model width h, the elements of a token's vector",
+              "heads": "attention heads a (each of hidden / heads elements)",
               "kv-heads": "key/value heads (grouped-query attention; default: heads)",
-              "vocab": "vocabulary size V", "seq": "sequence length s", "ffn": "MLP width (default 4h)",
+              "vocab": "vocabulary size V, the distinct tokens", "seq": "sequence length s, in tokens",
+              "ffn": "MLP width, the elements of its hidden layer (default 4h)",
               "gated": "gated MLP (SwiGLU, three matrices)", "bias": "biases on the linear layers",
               "tied": "output head shares the token embedding"}
 
@@ -40,7 +42,8 @@ def add_configuration(parser, default_gpu: str) -> None:
     a = g.add_argument
     a("--micro-batch", type=int, default=1, help="sequences per GPU per pass (default 1)")
     a("--global-batch", type=int, help="sequences per optimizer step (default micro-batch x dp)")
-    a("--tokens", help="training tokens, e.g. 300e9, 300B, 2T (default: the preset's, else 20/param)")
+    a("--tokens", help="tokens the whole training run reads, for its days and GPUs, e.g. 300e9, 300B, 2T "
+                       "(default: the preset's, else 20 per parameter)")
     a("--precision", default="bf16", help=f"{', '.join(config.PRECISIONS)} (default bf16)")
     a("--optimizer", default="adam", help=f"{', '.join(config.OPTIMIZERS)} (default adam)")
     a("--dropout", action=argparse.BooleanOptionalAction, default=None,
@@ -51,15 +54,18 @@ def add_configuration(parser, default_gpu: str) -> None:
     a("--gpus", type=int, help="GPUs in all; without --dp, dp = gpus / (tp x pp)")
     a("--dp", type=int, help="data-parallel ranks (default: gpus / (tp x pp), else 1)")
     a("--tp", type=int, default=1, help="tensor-parallel ranks; must divide --heads and --kv-heads")
-    a("--pp", type=int, default=1, help="pipeline stages")
-    a("--zero", type=int, default=0, help="ZeRO stage 0-3 (default 0)")
+    a("--pp", type=int, default=1, help="pipeline stages, each a run of consecutive blocks")
+    a("--zero", type=int, default=0, help="ZeRO stage 0-3: what the dp ranks shard (1: optimizer states, 2: and "
+      "gradients, 3: and weights; default 0: nothing)")
     a("--offload", default="none", help=f"{', '.join(config.OFFLOADS)} (default none)")
-    a("--sequence-parallel", action="store_true")
+    a("--sequence-parallel", action="store_true",
+      help="split LayerNorm and dropout activations along the sequence over the tp ranks (Korthikanti et al. 2022)")
     a("--schedule", default="1f1b", help=f"pipeline schedule: {', '.join(config.SCHEDULES)} (default 1f1b)")
     a("--virtual-stages", type=int, default=1, metavar="V",
       help="model chunks per pipeline rank, with --schedule interleaved (default 1)")
     a("--recompute", default="none", help=f"{', '.join(config.RECOMPUTES)} (default none)")
-    a("--flash-attention", action="store_true")
+    a("--flash-attention", action="store_true",
+      help="a fused attention kernel: the s x s scores are neither stored for backward nor read from memory")
     a("--dp-algorithm", default="auto", help=f"{', '.join(config.DP_ALGORITHMS)} (default auto)")
     a("--bucket-mb", type=float, default=25.0, help="gradient bucket, MiB (default 25)")
     a("--prefetch", type=int, default=1, help="ZeRO-3: layers gathered ahead of the one computing (default 1)")
@@ -75,7 +81,9 @@ def add_configuration(parser, default_gpu: str) -> None:
     a("--mfu", "--target-mfu", dest="mfu", type=float,
       help="target model FLOPs utilisation of the training-days and GPUs-for-days figures, e.g. 0.4 "
            "(default 0.5); the step time is modelled, not scaled by it")
-    a("--gpus-per-node", type=int)
-    a("--intra-bw", help="bytes/s per GPU per direction inside a node, e.g. 300GB/s")
-    a("--inter-bw", help="bytes/s per GPU per direction between nodes, e.g. 25GB/s or 200Gbit/s")
+    a("--gpus-per-node", type=int, metavar="N", help="GPUs in one node, joined by --intra-bw (default: the --gpu's, 8)")
+    a("--intra-bw", type=BandwidthFlag("--intra-bw"), metavar="BW",
+      help="per GPU per direction inside a node, e.g. 300GB/s (a plain number: GB/s)")
+    a("--inter-bw", type=BandwidthFlag("--inter-bw"), metavar="BW",
+      help="per GPU per direction between nodes, e.g. 25GB/s or 200Gbit/s (a plain number: GB/s)")
     a("--hbm", help="device memory, e.g. 80GiB or 80GB")

@@ -19,6 +19,7 @@ from ringzero.plan.strategies.sharding import by_zero
 from ringzero.plan.search.why import schedule_label
 from ringzero.plan.model.shapes import approx_params
 from ringzero.plan.step_time import op_seconds
+from ringzero.plan.units import rate_text
 from ringzero.plan.words import gpus, plural
 
 GB, GiB = 1e9, 2**30
@@ -76,7 +77,8 @@ def _console() -> Console:
     return c if c.is_terminal or "COLUMNS" in os.environ else Console(highlight=False, width=160)
 
 
-def inputs(e: Estimate, tokens_from: str) -> Table:
+def inputs(e: Estimate, tokens_from: str, units: dict[str, str] | None = None) -> Table:
+    """The inputs; `units`: hardware field -> the bandwidth unit its flag was given in."""
     m, tr, p, hw = e.model, e.training, e.parallel, e.hardware
     t = _table("Inputs", "", "")
     t.show_header = False
@@ -92,8 +94,9 @@ def inputs(e: Estimate, tokens_from: str) -> Table:
               f"recompute {p.recompute}, flash-attention {p.flash_attention}, dp-algorithm "
               f"{p.dp_algorithm}, buckets {p.bucket_mb:g} MiB")
     t.add_row("hardware", f"{hw.name}: {hw.peak_flops / 1e12:g} TFLOP/s peak, HBM {gb(hw.hbm_bytes)} GB "
-              f"({gib(hw.hbm_bytes)} GiB), NVLink {hw.intra_bw / GB:g} GB/s, network "
-              f"{hw.inter_bw / GB:g} GB/s per GPU per direction, {gpus(hw.gpus_per_node)} per node, "
+              f"({gib(hw.hbm_bytes)} GiB), NVLink {rate_text(hw.intra_bw, (units or {}).get('intra_bw', 'GB/s'))}, "
+              f"network {rate_text(hw.inter_bw, (units or {}).get('inter_bw', 'GB/s'))} per GPU per direction, "
+              f"{gpus(hw.gpus_per_node)} per node, "
               f"target MFU {hw.target_mfu:.0%}")
     return t
 
@@ -268,11 +271,11 @@ def search_table(found) -> Table:
 
 
 def render(e: Estimate, *, tokens_from: str, advice=None, found=None, plot: str | None = None,
-           console: Console | None = None, ps=None, compression=None) -> None:
+           console: Console | None = None, ps=None, compression=None, units: dict[str, str] | None = None) -> None:
     """Print every section of the plan (and the recommendation and search, when given)."""
     c = console or _console()
     c.print(f"[dim]{UNITS}[/]")
-    for table in (inputs(e, tokens_from), size_and_compute(e), memory(e), comm_ops(e),
+    for table in (inputs(e, tokens_from, units), size_and_compute(e), memory(e), comm_ops(e),
                   comparison(e), timing(e)):
         c.print(table)
     if ps is not None:

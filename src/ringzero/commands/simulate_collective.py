@@ -8,7 +8,8 @@
 The algorithm's own schedule (`plan.comm.schedule`) is played on the topology (`simulate`): each
 size's time, nccl-tests' algbw (size / time) and busbw (algbw times the collective's bus factor,
 2(n-1)/n for all-reduce), and the link that was busiest, with its utilisation over the call.
-"auto" plays every algorithm that runs on the group and keeps the fastest, per size. A straggler
+"auto" keeps the fastest algorithm that runs on the group, per size, playing only those whose
+lower bound does not rule them out (`simulate.auto`). A straggler
 (--straggler GPU:FACTOR) sends at 1/FACTOR of the rate it would get; a degraded link (--degrade
 LINK:FACTOR, LINK as the busiest-link column names it: gpu5, nic3.2, leaf4) carries 1/FACTOR of
 its capacity; each row then shows the slowdown against the healthy cluster. Every flag is
@@ -23,7 +24,9 @@ from dataclasses import replace
 from ringzero.errors import usage
 from ringzero.plan.comm.algorithms import ALGORITHMS, fits
 from ringzero.plan.comm.schedule.build import call_checked
-from ringzero.plan.units import parse_bytes, parse_sizes
+from ringzero.plan.units import BandwidthFlag, parse_sizes
+from ringzero.commands import progress
+from ringzero.simulate.auto import fastest
 from ringzero.simulate.collective import bandwidths, candidates, simulate
 from ringzero.simulate.topology import PRESETS, Topology, preset
 
@@ -31,10 +34,10 @@ DEFAULT_SIZES = "1M,4M,16M,64M,256M,1G,4G,8G"
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1, "float64": 8}
 OVERRIDES = {  # flag -> (Topology field, kind, help)
     "gpus-per-node": ("gpus_per_node", "int", "GPUs in one NVSwitch domain"),
-    "nvlink-bw": ("nvlink_bw", "rate", "NVLink bandwidth per GPU per direction (e.g. 450GB/s)"),
+    "nvlink-bw": ("nvlink_bw", "rate", "NVLink bandwidth per GPU per direction (e.g. 450GB/s; a plain number: GB/s)"),
     "nvlink-latency": ("nvlink_latency", "us", "µs per message inside a node"),
     "nics-per-node": ("nics_per_node", "int", "NICs per node (8: one per GPU; 1: one shared NIC)"),
-    "nic-bw": ("nic_bw", "rate", "bandwidth per NIC per direction (e.g. 400Gbit/s)"),
+    "nic-bw": ("nic_bw", "rate", "bandwidth per NIC per direction (e.g. 400Gbit/s; a plain number: GB/s)"),
     "nic-latency": ("nic_latency", "us", "µs per message between nodes"),
     "switch-latency": ("switch_latency", "us", "µs added per spine crossing"),
     "nodes-per-leaf": ("nodes_per_leaf", "int", "nodes under one leaf switch (per rail)"),
@@ -59,12 +62,22 @@ def add_arguments(parser) -> None:
     a("--degrade", action="append", default=[], metavar="LINK:FACTOR",
       help="a link (gpuG, nicJ.K, leafL) at 1/FACTOR of its capacity (repeatable)")
     a("--json", action="store_true", help="one JSON object instead of the table")
+    a("--quiet", action="store_true", help=progress.QUIET_HELP)
     g = parser.add_argument_group("topology overrides (default: the preset's figure)")
-    for flag, (_, _, what) in OVERRIDES.items():
-        g.add_argument(f"--{flag}", default=None, metavar="X", help=what)
+    add_overrides(g, OVERRIDES)
 
 
-def _value(flag: str, kind: str, text: str):
+def add_overrides(group, overrides: dict) -> None:
+    """The topology override flags of `overrides` (a bandwidth parsed as `plan.units` reads one)."""
+    for flag, (_, kind, what) in overrides.items():
+        rate = kind == "rate"
+        group.add_argument(f"--{flag}", default=None, metavar="BW" if rate else "X", help=what,
+                           type=BandwidthFlag(f"--{flag}") if rate else None)
+
+
+def _value(flag: str, kind: str, text):
+    if kind == "rate":
+        return text.bytes_per_s                 # a `Bandwidth`: parsed with the command line
     try:
         if kind == "int":
             return int(text)
@@ -74,7 +87,13 @@ def _value(flag: str, kind: str, text: str):
             return float(text) * 1e-6
     except ValueError:
         raise ValueError(f"--{flag}={text!r}: expected a number") from None
-    return parse_bytes(text, f"--{flag}", per_second=True)
+    raise ValueError(f"unknown kind {kind!r} of --{flag}")
+
+
+def echoed(args, flags) -> str:
+    """'; --nic-bw 400 Gbit/s' for each bandwidth flag of `flags` given: echoed in the unit typed."""
+    return "".join(f"; --{f} {getattr(args, f.replace('-', '_'))}" for f in flags
+                   if getattr(args, f.replace("-", "_"), None) is not None)
 
 
 def _pairs(values: list[str], flag: str, what: str) -> list[tuple[str, float]]:
@@ -141,14 +160,16 @@ def check(args) -> tuple[Topology, tuple[int, ...], list[str], dict[int, float]]
     return topo, sizes, algs, slow
 
 
-def rows(args, topo: Topology, sizes, algs, slow: dict[int, float]) -> list[dict]:
+def rows(args, topo: Topology, sizes, algs, slow: dict[int, float], shown=None) -> list[dict]:
+    """One row per size: the fastest of `algs` played (`auto.fastest`); `shown`: a progress display."""
     item, out = ITEMSIZE[args.dtype], []
     hurt = bool(slow or topo.degrade)
     healthy = replace(topo, degrade=())
     for size in sizes:
-        played = {a: simulate(args.collective, a, topo, size, item, slow) for a in algs}
-        best = min(played, key=lambda a: played[a].seconds)
-        p = played[best]
+        if shown is not None:
+            shown.advance(f"{size:,} B")
+        won = fastest(args.collective, algs, topo, size, item, slow)
+        best, p = won.algorithm, won.played
         extra = {}
         if hurt:
             extra["healthy_us"] = simulate(args.collective, best, healthy, size, item).seconds * 1e6
@@ -157,7 +178,7 @@ def rows(args, topo: Topology, sizes, algs, slow: dict[int, float]) -> list[dict
         link, util = p.busiest(topo)
         out.append(dict(size=size, count=size // item, type=args.dtype, algorithm=best, time_us=p.seconds * 1e6,
                         algbw=algbw, busbw=busbw, busiest_link=link, link_util=util, steps=p.steps,
-                        played=p.plays, exact=p.exact, **extra))
+                        played=p.plays, exact=p.exact, compared=list(won.compared), **extra))
     return out
 
 
@@ -165,7 +186,8 @@ def run(args) -> int:
     with usage():
         topo, sizes, algs, slow = check(args)
         algs, skipped = fitting(args, topo, sizes, algs)
-    table = rows(args, topo, sizes, algs, slow)
+    with progress.shown(args, f"simulating {args.collective} on {topo.gpus:,} GPUs", len(sizes)) as shown:
+        table = rows(args, topo, sizes, algs, slow, shown)
     if args.json:
         print(json.dumps({"collective": args.collective, "gpus": topo.gpus, "topology": topo.name, "rows": table,
                           "skipped": skipped}))
@@ -200,8 +222,9 @@ def _render(args, topo: Topology, table: list[dict]) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
+    rates = [f for f, (_, kind, _) in OVERRIDES.items() if kind == "rate"]
     t = Table(title=f"{args.collective} on {topo.gpus:,} GPUs ({topo.name}: {topo.nodes:,} nodes of "
-                    f"{topo.gpus_per_node}), simulated", title_justify="left", box=box.SIMPLE_HEAD)
+                    f"{topo.gpus_per_node}{echoed(args, rates)}), simulated", title_justify="left", box=box.SIMPLE_HEAD)
     hurt = "slowdown" in table[0]
     for name in ("size (B)", "count", "type", "algorithm", "time (us)", "algbw (GB/s)", "busbw (GB/s)",
                  "busiest link", "util") + (("slowdown",) if hurt else ()):

@@ -6,8 +6,9 @@
     ringzero simulate step --model llama-2-7b --gpus 64 --zero 3 --nics-per-node 1 --json
 
 The configuration flags are `ringzero plan`'s; the cluster is the `--gpu`'s DGX node (its NVLink
-and NIC figures, `--intra-bw`/`--inter-bw` overriding them) on a rail-optimised fat tree, with
-the topology flags of `ringzero simulate collective`. The step is `simulate.training`'s: compute
+and NIC figures, `--intra-bw`/`--inter-bw` overriding them), or the `--topology` preset of
+`ringzero simulate collective` (whose links the planner's column then prices too), on a
+rail-optimised fat tree, with the topology flags of `ringzero simulate collective`. The step is `simulate.training`'s: compute
 from the planner, every collective from its schedule on the GPUs `--placement` puts it on
 (fastest-varying first; Megatron-LM's tp,dp,pp by default), the pipeline's action lists and the
 engine's overlap rules. It prints the step and its parts on the slowest stage against the
@@ -23,15 +24,16 @@ import os
 
 from ringzero import outputs
 from ringzero.errors import usage
-from ringzero.commands import plan as plan_cmd
-from ringzero.commands.simulate_collective import OVERRIDES, _pairs, _value, stragglers
+from ringzero.commands import plan as plan_cmd, progress
+from ringzero.commands.simulate_collective import OVERRIDES, _pairs, _value, add_overrides, echoed, stragglers
 from ringzero.plan.step_time import step_time
 from ringzero.simulate.grid import MEGATRON, Grid
-from ringzero.simulate.topology import Topology, _from
+from ringzero.simulate.topology import PRESETS, Topology, _from, linked, preset_fields
 from ringzero.simulate.training import as_dict, simulate_step
 
-PLANNER_FLAGS = ("gpus-per-node", "nvlink-bw", "nic-bw")
-"""Topology figures `ringzero plan`'s flags already set (--gpus-per-node, --intra-bw, --inter-bw)."""
+PLANNER_FLAGS = {"gpus-per-node": "gpus_per_node", "nvlink-bw": "intra_bw", "nic-bw": "inter_bw"}
+"""Topology figures `ringzero plan`'s flags already set (--gpus-per-node, --intra-bw, --inter-bw):
+topology flag -> the planner's flag (its `args` name)."""
 TOPOLOGY_FLAGS = {k: v for k, v in OVERRIDES.items() if k not in PLANNER_FLAGS}
 PRESET_OF = {"a100-80gb": "dgx-a100", "a100-40gb": "dgx-a100", "h100-sxm": "dgx-h100", "h200": "dgx-h200"}
 PARTS = {"compute": "compute", "tp": "tensor parallel (exposed)", "pp": "pipeline messages (exposed)",
@@ -45,6 +47,8 @@ def add_arguments(parser) -> None:
     plan_cmd.add_configuration(parser, plan_cmd.DEFAULT_GPU)
     g = parser.add_argument_group("cluster")
     a = g.add_argument
+    a("--topology", default=None, help=f"preset: {', '.join(PRESETS)} (default: the --gpu's DGX node); "
+      "its links replace the --gpu's in the planner's column too, --gpus-per-node/--intra-bw/--inter-bw override them")
     a("--placement", default=MEGATRON, help=f"tp, dp, pp fastest-varying first (default {MEGATRON}: Megatron-LM's)")
     a("--shared-nic", action="store_true", help="the node's NICs on one leaf, not one rail each")
     a("--pxn", action="store_true", help="a message between rails goes over NVLink to its rail's GPU first "
@@ -53,11 +57,11 @@ def add_arguments(parser) -> None:
       help="a GPU computing and sending FACTOR times slower (repeatable)")
     a("--degrade", action="append", default=[], metavar="LINK:FACTOR",
       help="a link (gpuG, nicJ.K, leafL) at 1/FACTOR of its capacity (repeatable)")
-    for flag, (_, _, what) in TOPOLOGY_FLAGS.items():
-        a(f"--{flag}", default=None, metavar="X", help=what)
+    add_overrides(g, TOPOLOGY_FLAGS)
     g = parser.add_argument_group("output")
     g.add_argument("--trace", metavar="FILE.json", help="write the simulated step as a Chrome trace")
     g.add_argument("--json", action="store_true", help="one JSON object instead of the tables")
+    g.add_argument("--quiet", action="store_true", help=progress.QUIET_HELP)
 
 
 def check(args):
@@ -73,7 +77,13 @@ def check(args):
         over["rail_optimized"] = False
     if args.pxn:
         over["pxn"] = True
-    fields = {**_from(hw, PRESET_OF.get(args.gpu, args.gpu)), **over}
+    fields = _from(hw, PRESET_OF.get(args.gpu, args.gpu))
+    if args.topology is not None:        # the preset, with the planner's flags given over it
+        given = {OVERRIDES[f][0]: fields[OVERRIDES[f][0]] for f, dest in PLANNER_FLAGS.items()
+                 if getattr(args, dest) is not None}
+        fields = {**preset_fields(args.topology), **given}
+        hw = linked(hw, fields)
+    fields.update(over)
     topo = Topology(gpus=par.gpus, degrade=tuple(_pairs(args.degrade, "degrade", "LINK")), **fields)
     grid = Grid.parse(args.placement, par.dp, par.tp, par.pp)
     if args.trace is not None:
@@ -84,9 +94,12 @@ def check(args):
 def run(args) -> int:
     with usage():
         m, tr, par, hw, topo, grid, slow = check(args)
-    sim = simulate_step(m, tr, par, hw, topo, grid, slow)
     hurt = slow or topo.degrade
-    healthy = simulate_step(m, tr, par, hw, _healthy(topo), grid) if hurt else None
+    with progress.shown(args, f"simulating a step on {topo.gpus:,} GPUs", 2 if hurt else 1) as shown:
+        shown.advance("the cluster as given")
+        sim = simulate_step(m, tr, par, hw, topo, grid, slow)
+        shown.advance("the healthy cluster")
+        healthy = simulate_step(m, tr, par, hw, _healthy(topo), grid) if hurt else None
     planned = step_time(m, tr, par, hw)
     out = {**as_dict(sim, topo), "gpus": topo.gpus, "topology": topo.name, "placement": ",".join(grid.order),
            "planner_step_s": planned.step}
@@ -97,7 +110,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    _render(out, planned, topo)
+    _render(out, planned, topo, echoed(args, ("intra-bw", "inter-bw")))
     return 0
 
 
@@ -116,13 +129,13 @@ def _write_trace(path: str, sim, grid: Grid, topo: Topology, out: dict) -> None:
     out["trace"] = os.path.abspath(path)
 
 
-def _render(out: dict, planned, topo: Topology) -> None:
+def _render(out: dict, planned, topo: Topology, given: str = "") -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
     planner = {"compute": planned.compute, "bubble": planned.bubble, "optimizer": planned.optimizer,
                "offload": planned.offload}
-    t = Table(title=f"one step on {out['gpus']:,} GPUs ({topo.name}: {topo.nodes:,} nodes of {topo.gpus_per_node}), "
+    t = Table(title=f"one step on {out['gpus']:,} GPUs ({topo.name}: {topo.nodes:,} nodes of {topo.gpus_per_node}{given}), "
                     f"placement {out['placement']}, critical stage {out['critical_stage']}",
               title_justify="left", box=box.SIMPLE_HEAD)
     for name in ("part", "simulated (s)", "share", "planner (s)"):

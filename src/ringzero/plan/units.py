@@ -2,22 +2,26 @@
 
 Counts take K, M, B (or G), T, P as powers of 1000. Bytes, in every command (`parse_bytes`):
 KB, MB, GB, TB are SI (GB = 10⁹, IEC 80000-13), KiB, MiB, GiB, TiB binary (GiB = 2³⁰), bare K, M,
-G, T binary too, as in nccl-tests' -b/-e sizes, and a plain number is bytes; bandwidths also take
-bits per second. Every quantity must be > 0 (sizes that a command checks itself may be 0): a bad
-value is a one-line error naming the flag, whichever way argparse handed it over.
+G, T binary too, as in nccl-tests' -b/-e sizes, and a plain number is bytes. Bandwidths, in every
+command (`parse_bandwidth`, the argparse type `BandwidthFlag` of every bandwidth flag): a plain
+number is GB/s; B/s, KB/s ... TB/s (SI), KiB/s ... TiB/s (binary) and Kbit/s ... Tbit/s, the "/s"
+optional; "Gb/s" (bit or byte?) and the bare letters ("50G") are refused as ambiguous. Every
+quantity must be > 0 (sizes that a command checks itself may be 0): a bad value is a one-line error
+naming the flag, whichever way argparse handed it over.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
+from dataclasses import dataclass
 
 _SCALE = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "p": 1e15}
 _BYTES = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
           "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 BYTE_UNITS = "B; KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB or K, M, G, T (powers of 1024)"
-_BITS = {"kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8}
 
 _UNSIGNED = r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?"
 NEGATIVE_VALUE = re.compile(rf"^-{_UNSIGNED}[a-z]*(?:/s)?$", re.IGNORECASE)
@@ -45,18 +49,117 @@ def parse_count(text: str, flag: str = "--tokens") -> float:
     return value * _SCALE[unit]
 
 
-def parse_bytes(text: str, flag: str, per_second: bool = False, zero: bool = False) -> float:
-    """'80GB', '80GiB', '64K', '8.6e10' -> bytes; with `per_second`, '300GB/s', '200Gbit/s' -> bytes/s;
-    with `zero`, '0' is allowed."""
-    body = text.strip()
-    if per_second and body.lower().endswith("/s"):
-        body = body[:-2]
-    value, unit = _split(body, flag, text, zero)
-    factor = _BYTES.get(unit) or (_BITS.get(unit) if per_second else None)
-    if factor is None:
-        units = BYTE_UNITS + ("; each with /s, or Kbit/s ... Tbit/s" if per_second else "")
-        raise ValueError(f"{flag}={text!r}: unknown unit {unit!r}; allowed: {units}")
-    return value * factor
+def parse_bytes(text: str, flag: str, zero: bool = False) -> float:
+    """'80GB', '80GiB', '64K', '8.6e10' -> bytes; with `zero`, '0' is allowed."""
+    value, unit = _split(text, flag, text, zero)
+    if unit not in _BYTES:
+        raise ValueError(f"{flag}={text!r}: unknown unit {unit!r}; allowed: {BYTE_UNITS}")
+    return value * _BYTES[unit]
+
+
+RATES = {"B/s": 1.0, **{f"{p}B/s": 10.0 ** (3 * i) for i, p in enumerate("KMGT", 1)},
+         **{f"{p}iB/s": 2.0 ** (10 * i) for i, p in enumerate("KMGT", 1)},
+         **{f"{p}bit/s": 10.0 ** (3 * i) / 8 for i, p in enumerate("KMGT", 1)}}
+"""Bandwidth unit -> bytes/s: the one table of every bandwidth flag."""
+BARE_RATE = "GB/s"
+"""What a bandwidth without a unit means: the unit NVIDIA and nccl-tests quote links and busbw in."""
+RATE_UNITS = ("GB/s (also a plain number); B/s, KB/s, MB/s, TB/s (powers of 1000); KiB/s ... TiB/s "
+              "(powers of 1024); Kbit/s, Mbit/s, Gbit/s, Tbit/s")
+
+
+def _rate_unit(unit: str) -> str | None:
+    """The `RATES` key a typed unit stands for ('gbit/s' -> 'Gbit/s', 'GiB' -> 'GiB/s'), None for
+    one that is not a bandwidth or is ambiguous: case tells bytes (B) from bits (b), nothing else."""
+    body = unit[:-2] if unit.lower().endswith("/s") else unit
+    if body.lower().endswith("bit"):
+        key = body[:-3].upper() + "bit/s"
+    elif body.endswith("B"):
+        key = body[:-1].upper().replace("I", "i") + "B/s"
+    else:
+        return None
+    return key if key in RATES else None
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A bandwidth as the user gave it: `value` in `unit` (a `RATES` key)."""
+
+    value: float
+    unit: str
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.value * RATES[self.unit]
+
+    def __str__(self) -> str:
+        return f"{self.value:g} {self.unit}"
+
+
+def rate_text(bytes_per_s: float, unit: str = BARE_RATE) -> str:
+    """A bandwidth in `unit` ('450 GB/s', '400 Gbit/s'): figures echoed in the unit a user typed."""
+    return f"{bytes_per_s / RATES[unit]:g} {unit}"
+
+
+def parse_bandwidth(text: str, flag: str) -> Bandwidth:
+    """'400Gbit/s', '12.5GB/s', '5' (GB/s) -> a `Bandwidth`, or a one-line ValueError naming `flag`
+    and the units allowed."""
+    m = re.fullmatch(rf"\s*([+-]?{_UNSIGNED})\s*([a-z]*(?:/s)?)\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"{flag}={text!r} is not a number")
+    value, _ = _split(m.group(1), flag, text)
+    typed = m.group(2)
+    unit = _rate_unit(typed) if typed else BARE_RATE
+    if unit is None:
+        raise ValueError(f"{flag}={text!r}: unknown or ambiguous unit {typed!r}; allowed: {RATE_UNITS}")
+    return Bandwidth(value, unit)
+
+
+@dataclass(frozen=True)
+class Link:
+    """An emulated link: its bandwidth and its latency per message."""
+
+    bandwidth: Bandwidth
+    latency_us: float = 0.0
+
+    @property
+    def gbps(self) -> float:
+        """GB/s (10⁹ bytes/s): what `comm.configure(inter_node_gbps=)` and `TrainConfig` take."""
+        return self.bandwidth.bytes_per_s / 1e9
+
+    def __str__(self) -> str:
+        return f"{self.bandwidth}, {self.latency_us:g} µs per message"
+
+
+def parse_link(text: str, flag: str) -> Link:
+    """'BW[,LATENCY_US]': '1', '10Gbit/s,20' -> a `Link` (bandwidth as `parse_bandwidth`, latency
+    µs >= 0, default 0), or a one-line ValueError."""
+    parts = str(text).split(",")
+    if len(parts) > 2:
+        raise ValueError(f"{flag} {text!r}: give BW[,LATENCY_US], e.g. 1GB/s or 10Gbit/s,20")
+    bw = parse_bandwidth(parts[0], flag)
+    try:
+        latency = float(parts[1]) if len(parts) == 2 else 0.0
+    except ValueError:
+        latency = math.nan
+    if not (math.isfinite(latency) and latency >= 0):
+        raise ValueError(f"{flag} {text!r}: the latency must be µs >= 0, e.g. 1GB/s,20")
+    return Link(bw, latency)
+
+
+class BandwidthFlag:
+    """argparse's `type=` of a bandwidth flag (`link`: BW[,LATENCY_US]): the value parsed while
+    the command line is, so every command reads a bandwidth one way; a bad one is the parser's
+    one-line error, exit 2. The tests find every bandwidth flag of every parser by this type."""
+
+    def __init__(self, flag: str, link: bool = False) -> None:
+        self.flag, self.link = flag, link
+        self.__name__ = "bandwidth"
+
+    def __call__(self, text: str) -> Bandwidth | Link:
+        try:
+            return parse_link(text, self.flag) if self.link else parse_bandwidth(text, self.flag)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_size(text: str, flag: str) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ringzero.plan.comm.algorithms import fits, names
 from ringzero.plan.comm.schedule.build import schedule_for
-from ringzero.plan.comm.schedule.step import Schedule
+from ringzero.plan.comm.schedule.step import Schedule, Step
 from ringzero.plan.comm.volume import bus_factor
 from ringzero.simulate.fluid import play
 from ringzero.simulate.topology import Topology
@@ -49,23 +49,35 @@ class Played:
         return topo.link_name(i), float(use[i])
 
 
+Route = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""(source GPUs (F,), links (F, 6), latency (F,)) of one step's flows (`Topology.routes`)."""
+
+
+def route(step: Step, topo: Topology, where: np.ndarray | None = None) -> Route:
+    """Step `step`'s flows routed on `topo`, group rank i on GPU where[g, i] for each group g
+    (default: GPU i, one group)."""
+    src = np.fromiter(step.src, np.int64, len(step.src))
+    dst = np.fromiter(step.dst, np.int64, len(step.dst))
+    if where is not None:
+        src, dst = where[:, src].ravel(), where[:, dst].ravel()
+    return (src, *topo.routes(src, dst))
+
+
 def play_schedule(sched: Schedule, topo: Topology, gpus: Sequence[int] | np.ndarray | None = None,
-                  slow: dict[int, float] | None = None) -> Played:
+                  slow: dict[int, float] | None = None, routes: list[Route] | None = None) -> Played:
     """Play `sched` with group rank i on GPU `gpus[i]` (default i). `gpus` may be (G, n): G groups
     running the same call at once (a stage's dp replicas' tp groups), whose flows share the links
-    step by step. `slow`: GPU -> factor its sends are stretched by."""
-    where = np.arange(sched.call.n)[None] if gpus is None else np.asarray(gpus, dtype=np.int64).reshape(
-        -1, sched.call.n)
-    groups = len(where)
+    step by step. `slow`: GPU -> factor its sends are stretched by. `routes`: the steps' `route`s
+    on every GPU, already made (`auto.lower_bound` makes them)."""
+    where = None if gpus is None else np.asarray(gpus, dtype=np.int64).reshape(-1, sched.call.n)
+    groups = 1 if where is None else len(where)
     cap = topo.capacities()
     carried = np.zeros(len(cap))
     total, plays, count, exact = 0.0, 0, 0, True
-    for step in sched.steps:
-        src = where[:, np.asarray(step.src, dtype=np.int64)].ravel()
-        dst = where[:, np.asarray(step.dst, dtype=np.int64)].ravel()
-        links, latency = topo.routes(src, dst)
+    for j, step in enumerate(sched.steps):
+        src, links, latency = routes[j] if routes is not None and where is None else route(step, topo, where)
         factor = None if not slow else np.array([slow.get(int(g), 1.0) for g in src])
-        sizes = np.asarray(step.nbytes, dtype=float)
+        sizes = np.fromiter(step.nbytes, float, len(step.nbytes))
         valid = links >= 0
         hops = np.broadcast_to(np.arange(len(src))[:, None], links.shape)[valid]
         once = step.uniform or step.repeat > EXACT_ROLLS

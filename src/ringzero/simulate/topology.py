@@ -190,12 +190,25 @@ PRESETS = {
 from `plan.hardware` so the two cannot disagree."""
 
 
-def preset(name: str, gpus: int, **overrides) -> Topology:
-    """The preset `name` for `gpus` GPUs, with any field overridden (None values ignored)."""
+def preset_fields(name: str) -> dict:
+    """The fields of preset `name` (all but `gpus`), or a one-line ValueError naming the presets."""
     if name not in PRESETS:
         raise ValueError(f"unknown topology {name!r}; allowed: {', '.join(PRESETS)}")
-    fields = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+    return dict(PRESETS[name])
+
+
+def preset(name: str, gpus: int, **overrides) -> Topology:
+    """The preset `name` for `gpus` GPUs, with any field overridden (None values ignored)."""
+    fields = {**preset_fields(name), **{k: v for k, v in overrides.items() if v is not None}}
     return Topology(gpus=gpus, **fields)
+
+
+def linked(hw: Hardware, fields: dict) -> Hardware:
+    """`hw` with the link figures of topology `fields` (`_from`'s inverse): the planner then prices
+    the cluster the simulator plays, not the one `hw` came with."""
+    return replace(hw, name=f"{hw.name} on {fields['name']}", gpus_per_node=fields["gpus_per_node"],
+                   intra_bw=fields["nvlink_bw"], intra_alpha=fields["nvlink_latency"],
+                   inter_bw=fields["nic_bw"], inter_alpha=fields["nic_latency"])
 
 
 def with_gpus(topo: Topology, gpus: int) -> Topology:

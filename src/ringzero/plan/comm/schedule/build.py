@@ -2,20 +2,23 @@
 
 `schedule(call)` is what the simulator plays. The ring is compressed for every count, the
 hierarchical all-reduces when every chunk is non-empty (`rings`); the tree's whole-buffer
-collectives are computed along the tree (`tree`); the rest (butterflies, naive, pairwise,
-scatter_allgather, the tree's gather and scatter), whose steps overlap phases on ranks that finish
-early, are listed by `asap` after checking that their messages fit `MAX_LISTED`.
+collectives are computed along the tree (`tree`); the recursive algorithms (butterfly,
+Rabenseifner, recursive doubling and halving) round by round (`recursive`) and naive's two steps
+at once (`naive`), when every chunk is non-empty; the rest (pairwise, scatter_allgather, the
+tree's gather and scatter, every algorithm on fewer elements than ranks), whose steps overlap
+phases on ranks that finish early, are listed by `asap` after checking that their messages fit
+`MAX_LISTED`.
 `schedule_for` checks that bound before a call is even made: an all-to-all's call holds its n×n
 matrix.
 """
 
 from __future__ import annotations
 
-from ringzero.plan.comm.schedule import asap, rings, tree
+from ringzero.plan.comm.schedule import asap, naive, recursive, rings, tree
 from ringzero.plan.comm.schedule.step import Schedule, check_size
 from ringzero.plan.comm.volume import Call, call_for, volume
 
-BUILDERS = {**rings.BUILDERS, "tree": tree.tree}
+BUILDERS = {**rings.BUILDERS, "tree": tree.tree, **recursive.BUILDERS, "naive": naive.naive}
 """Algorithm -> the builder of its schedule without listing every message."""
 
 
@@ -25,7 +28,9 @@ def built(call: Call) -> bool:
         return True
     if call.algorithm == "tree":
         return call.collective in tree.WHOLE and call.count > 0 and call.n > 1
-    return call.algorithm in rings.BUILDERS and call.count >= call.n
+    if call.algorithm == "naive":
+        return call.collective != "all_to_all" and call.count >= call.n
+    return call.algorithm in BUILDERS and call.count >= call.n
 
 
 MAX_LISTED = 1_000_000
@@ -49,7 +54,9 @@ def messages_in(call: Call, bound: int = MAX_LISTED) -> int:
 def check(call: Call) -> None:
     """Refuse `call` if its schedule would not fit the simulator's bounds (`step.check_size`)."""
     what = f"{call.collective} with {call.algorithm} on {call.n:,} ranks"
-    if built(call):
+    if built(call) and call.algorithm in recursive.BUILDERS:
+        check_size(recursive.flows(call), what)
+    elif built(call):
         check_size(call.n, what, at_least=True)          # every builder stores a flow per rank
     else:
         check_size(messages_in(call), what, MAX_LISTED, at_least=call.collective != "all_to_all")

@@ -41,12 +41,14 @@ def ring_phase(rings: Sequence[Sequence[int]], sizes: Sequence, shift: int, item
     src, dst, nbytes, pieces = [], [], [], []
     for members, chunk in zip(rings, sizes):
         n = len(members)
-        for p in range(n):
-            z = chunk[(p + shift) % n]
-            src.append(members[p])
-            dst.append(members[(p + 1) % n])
-            nbytes.append(z * itemsize)
-            pieces.append(n_segments(z, seg))
+        values = list(chunk)                 # one pass (a `Chunks` divides once), not n lookups
+        sent = [values[(p + shift) % n] for p in range(n)]
+        segments = {z: n_segments(z, seg) for z in set(sent)}
+        src.extend(members)
+        dst.extend(members[p] for p in range(1, n))
+        dst.append(members[0])
+        nbytes.extend(z * itemsize for z in sent)
+        pieces.extend(segments[z] for z in sent)
     n = len(rings[0]) if rings else 1
     if n < 2 or not any(nbytes):
         return []
