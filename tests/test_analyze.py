@@ -3,6 +3,7 @@ real ranks' traces and reports (a 2x straggler, a pipeline of one micro-batch, a
 its bad input."""
 
 import json
+import os
 
 import hypothesis.strategies as st
 import pytest
@@ -34,7 +35,7 @@ def _run(pool, tmp_path_factory, case):
     """(the merged trace, the JSON report as `ringzero train --json-report` writes it) of `case`."""
     if case not in _RUNS:
         folder = tmp_path_factory.mktemp(case)
-        cfg = TrainConfig(**{**BASE, **CASES[case]}, trace=str(folder), trace_steps="2:5")
+        cfg = TrainConfig(**{**BASE, **CASES[case]}, trace=str(folder), trace_steps="3:5")
         results = pool.run(_train, cfg, world=2)
         write_traces(str(folder), [r.trace for r in results])
         data = report.to_json(cfg, 2, results, report.twins(cfg, 2, results))
@@ -91,12 +92,65 @@ def test_the_breakdown_adds_up_to_the_step(pool, tmp_path_factory):
 @pytest.mark.timeout(240)
 def test_the_cli_reads_a_folder_a_rank_file_and_a_report(pool, tmp_path_factory, capsys):
     folder, _, _ = _run(pool, tmp_path_factory, "straggler")
-    for path in (folder, folder / "rank1.json", folder / "report.json"):
+    for path in (folder, folder / "ranks" / "rank1.json", folder / "report.json"):
         assert cli.main(["analyze", str(path)]) == 0
         out = capsys.readouterr().out
         assert "stragglers" in out and "bottleneck" in out, out
     assert cli.main(["analyze", str(folder), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["bottlenecks"][0]["name"] == "one slow rank"
+
+
+# Two ranks of one dp step, in ms: (forward, backward, exposed communication with the wait in it,
+# the wait for the last peer at its start, optimizer). Both steps last as long.
+SMALL_STRAGGLER = [(10, 20, 71, 1, 1), (13, 27, 61, 0, 1)]     # rank 1 scores 0.75, costs 1 ms; 70 ms exposed
+LARGE_STRAGGLER = [(10, 20, 72, 40, 1), (23, 47, 32, 0, 1)]    # rank 1 scores 0.43, costs 40 ms; 32 ms exposed
+
+
+def _constructed_trace(ranks):
+    events = []
+    for r, (fwd, bwd, comm, wait, opt) in enumerate(ranks):
+        us = lambda ms: ms * 1000
+        c0, end = fwd + bwd, fwd + bwd + comm + opt
+        for name, t0, t1 in (("forward", 0, fwd), ("backward", fwd, c0), ("comm", c0, c0 + comm),
+                             ("optimizer", c0 + comm, end)):
+            events.append({"ph": "X", "cat": "phase", "name": name, "pid": r, "tid": 1, "ts": us(t0), "dur": us(t1 - t0)})
+        events += [{"ph": "X", "cat": "step", "name": "step 0", "pid": r, "tid": 1, "ts": 0, "dur": us(end)},
+                   {"ph": "X", "cat": "collective", "name": "all_reduce", "pid": r, "tid": 2, "ts": us(c0),
+                    "dur": us(comm), "args": {"kind": "dp", "wait for last peer (us)": us(wait)}}]
+    return {"traceEvents": events, "ringzero": {"schema": 1, "world": len(ranks), "config": None}}
+
+
+def _constructed_report(ranks):
+    return {"world": len(ranks), "ranks": [
+        {"rank": r, "step_time": (fwd + bwd + comm + opt) / 1e3,
+         "phases": {"forward": fwd / 1e3, "backward": bwd / 1e3, "comm": comm / 1e3, "optimizer": opt / 1e3},
+         "waiting_s": wait / 1e3, "comm_waiting_s": wait / 1e3, "waits_by_kind": {"dp": wait / 1e3} if wait else {}}
+        for r, (fwd, bwd, comm, wait, opt) in enumerate(ranks)]}
+
+
+@pytest.mark.parametrize("source", ["trace", "report"])
+@pytest.mark.parametrize("ranks, first, costs_ms", [
+    (SMALL_STRAGGLER, "exposed communication", {"exposed communication": 70, "one slow rank": 1}),
+    (LARGE_STRAGGLER, "one slow rank", {"one slow rank": 40, "exposed communication": 32})])
+def test_findings_rank_by_what_they_cost_of_the_step(source, ranks, first, costs_ms):
+    a = analysis.of_trace(_constructed_trace(ranks)) if source == "trace" else analysis.of_report(_constructed_report(ranks))
+    found = a["bottlenecks"]
+    assert _names(a)[0] == first and set(_names(a)) == set(costs_ms), found
+    step = a["ranks"][0]["step_s"]
+    for b in found:       # the same measure for each: its seconds per step, over the step
+        assert b["share"] == pytest.approx(costs_ms[b["name"]] / 1e3 / step) and b["cost_s"] == pytest.approx(b["share"] * step)
+    assert [b["share"] for b in found] == sorted((b["share"] for b in found), reverse=True)
+
+
+def test_the_cli_names_the_costliest_finding_the_bottleneck(tmp_path, capsys):
+    from ringzero.trace.write import SCHEMA
+    doc = _constructed_trace(SMALL_STRAGGLER)
+    doc["ringzero"]["schema"] = SCHEMA
+    (tmp_path / "small.json").write_text(json.dumps(doc))
+    assert cli.main(["analyze", str(tmp_path / "small.json")]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith(("bottleneck:", "also:"))]
+    assert lines[0].startswith("bottleneck: exposed communication (69% of the step, 70.0 ms)"), lines
+    assert lines[1].startswith("also: one slow rank (1% of the step, 1.0 ms)"), lines
 
 
 def _bad(capsys, path, *words):
@@ -141,8 +195,8 @@ def test_interval_algebra_matches_counting_points(a, b):
     assert intervals.length(ua) == sum(1 for t in grid if t in _brute(a, grid)) / 2
 
 
-@pytest.mark.timeout(300)
-def test_try_best_reruns_the_top_suggestion_of_a_bubbly_pipeline(tmp_path, capsys):
+@pytest.mark.timeout(400)
+def test_try_best_runs_the_baseline_and_the_change_in_turns(tmp_path, capsys, monkeypatch):
     path = tmp_path / "report.json"
     argv = ["train", "--nproc", "2", "--model", "nano", "--seq", "16", "--micro-batch", "2", "--pp", "2",
             "--layers", "2", "--grad-accum", "1", "--steps", "4", "--max-bytes", "65536", "--json-report", str(path),
@@ -156,10 +210,34 @@ def test_try_best_reruns_the_top_suggestion_of_a_bubbly_pipeline(tmp_path, capsy
     best = suggestions[1]
     assert best["changes"] == {"grad_accum": 4} and best["gain"] > 1, suggestions    # m = 1 -> 4: the bubble
     assert [s["gain"] for s in suggestions[1:]] == sorted((s["gain"] for s in suggestions[1:]), reverse=True)
-    tried = analyze_try.try_best(data, suggestions)
-    assert tried["config"]["grad_accum"] == 4 and tried["config"]["seed"] == data["config"]["seed"]
-    assert tried["config"]["steps"] == data["config"]["steps"]
-    assert tried["measured_gain"] > 0 and "measured gain" in tried["line"] and "predicted" in tried["line"]
+    data["twins"]["tokens per second"]["measured"] = 1.0     # an old figure this invocation must not divide by
+    path.write_text(json.dumps(data))
+    launched, main = [], cli.main
+
+    def spy(a):          # every `ringzero train` it runs, with the report it wrote (before its folder goes)
+        code = main(a)
+        if a[0] == "train":
+            launched.append((a[a.index("--json-report") + 1], json.loads(open(a[a.index("--json-report") + 1]).read())))
+        return code
+    monkeypatch.setattr(cli, "main", spy)
+    assert main(["analyze", str(path), "--try-best", "--try-rounds", "2"]) == 0
+    out, err = capsys.readouterr()
+    configs = [done["config"] for _, done in launched]
+    assert [c["grad_accum"] for c in configs] == [1, 4, 1, 4], configs       # the baseline, then the change, in turns
+    assert all(c["seed"] == data["config"]["seed"] and c["steps"] == data["config"]["steps"] for c in configs)
+    for report_path, _ in launched:
+        assert os.path.dirname(report_path) not in out + err, out + err
+    measured = [done["twins"]["tokens per second"]["measured"] for _, done in launched]
+    base, new = (measured[0] + measured[2]) / 2, (measured[1] + measured[3]) / 2     # each side's median of 2
+    line = next(x for x in out.splitlines() if x.startswith("tried:"))
+    assert f"{base:,.0f} -> {new:,.0f}" in line and f"measured gain {new / base:.2f}x" in line, line
+    assert f"predicted {best['gain']:.2f}x" in line
+
+
+def test_try_rounds_is_one_or_more(capsys, tmp_path):
+    assert cli.main(["analyze", str(tmp_path), "--try-best", "--try-rounds", "0"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and "--try-rounds 0" in line, line
 
 
 def test_try_best_needs_a_report_with_its_command_line(tmp_path, capsys, pool, tmp_path_factory):

@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 
+from ringzero.commands import analyze_try
 from ringzero.errors import UsageError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,7 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--html-report", metavar="FILE.html",
                    help="write a report's run as one self-contained page (as ringzero train --html-report does)")
     p.add_argument("--try-best", action="store_true",
-                   help="rerun a report's run with the top suggestion (same seed and steps) and print the measured gain")
+                   help="run a report's run as it was and with the top suggestion (same seed and steps), in turns, "
+                        "and print the measured gain beside the predicted one")
+    p.add_argument("--try-rounds", type=int, default=analyze_try.ROUNDS, metavar="N",
+                   help=f"--try-best's runs of each, the run as it was and changed (default {analyze_try.ROUNDS})")
 
 
 def load(path: str) -> tuple[str, dict]:
@@ -69,6 +73,8 @@ def _kind(path: str, doc) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.try_rounds < 1:
+        raise UsageError(f"analyze --try-rounds {args.try_rounds}: give 1 or more runs of each")
     kind, doc = load(args.path)
     if kind == "flight":
         from ringzero.comm import flight_analysis
@@ -101,8 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         render(result)
     if args.try_best:
-        from ringzero.commands.analyze_try import try_best
-        measured = try_best(doc, result["suggestions"])
+        measured = analyze_try.try_best(doc, result["suggestions"], args.try_rounds)
         print(json.dumps({**result, "try_best": measured}, indent=1) if args.json else measured["line"])
     return 0
 
@@ -150,12 +155,14 @@ def render(a: dict) -> None:
                       f"({m['headroom']:.0%} left)")
     if a["source"] == "report":
         console.print("overlap: needs a trace (ringzero train --trace DIR); a report holds no timeline")
-    if not a["bottlenecks"]:
+    found = a["bottlenecks"]                 # the costliest first (`analysis.bottlenecks`)
+    if not found or not found[0]["cost_s"]:
         step = max(r["step_s"] for r in a["ranks"])
         compute = max(r["compute_s"] for r in a["ranks"])
         console.print(f"bottleneck: none above the limits; compute is {compute / step:.0%} of the step")
-    for i, b in enumerate(a["bottlenecks"]):
-        console.print(f"{'bottleneck' if i == 0 else 'also'}: {b['name']} ({b['share']:.0%} of the step): {b['why']}")
+    for i, b in enumerate(found):
+        cost = f"{b['share']:.0%} of the step, {b['cost_s'] * 1e3:.1f} ms" if b["cost_s"] else "costs no step time"
+        console.print(f"{'bottleneck' if i == 0 and b['cost_s'] else 'also'}: {b['name']} ({cost}): {b['why']}")
     if a.get("suggestions"):
         _suggestions(console, a["suggestions"])
 

@@ -14,7 +14,8 @@ plain data, which `bottlenecks` reads:
   compute time over this rank's (1 = as fast as the fastest, 0.5 = twice as slow), compute here
   being forward, backward and an injected straggler's sleep (what a slower device stretches; the
   optimizer's fixed cost would dilute the score);
-- the bottleneck, named from these by `bottlenecks` (thresholds in `LIMITS`).
+- the findings, each priced as the seconds per step it costs and ranked by that, the costliest
+  named the bottleneck (`bottlenecks`; thresholds in `LIMITS`).
 
 A report has no timeline, so `of_report` gives no overlap ratio (None); its breakdown is the
 report's measured phases (exposed communication = the step outside forward, backward and the
@@ -67,6 +68,8 @@ def _rank_of_trace(events: list[dict]) -> dict:
     spans = lambda names: minus(union([(e["ts"], e["ts"] + e["dur"]) for e in phases if e["name"] in names]), norm)
     phase = lambda name: within(spans((name,))) / 1e6 / n
     comm_s = within(comm) / 1e6 / n
+    exposed_span = minus(window, union(spans(COMPUTE) + spans(("pipeline_wait",))))
+    all_waits = hidden([s for v in waiting.values() for s in v])
     return {"step_s": length(window) / 1e6 / n, "compute_s": within(compute) / 1e6 / n,
             "scored_s": within(scored) / 1e6 / n,
             "non_compute_s": comm_s - overlap / 1e6 / n,
@@ -75,7 +78,8 @@ def _rank_of_trace(events: list[dict]) -> dict:
             "bubble_s": phase("pipeline_wait"), "optimizer_s": phase("optimizer"),
             "exposed_s": (length(window) - within(spans(COMPUTE))) / 1e6 / n
             - phase("pipeline_wait"), "waits_s": waits,
-            "wait_s": within(hidden([s for v in waiting.values() for s in v])) / 1e6 / n, "steps": n}
+            "wait_s": within(all_waits) / 1e6 / n,
+            "exposed_wait_s": length(intersect(all_waits, exposed_span)) / 1e6 / n, "steps": n}
 
 
 def _clip(spans: list[tuple], window: list[tuple]) -> list[tuple]:
@@ -102,12 +106,13 @@ def of_report(report: dict) -> dict:
         ph = r["phases"]
         compute = sum(ph.get(k, 0.0) for k in COMPUTE)
         exposed = max(0.0, r["step_time"] - compute - ph.get("pipeline_wait", 0.0))
+        wait = r.get("waiting_s", sum(r.get("waits_by_kind", {}).values()))
         ranks.append({"rank": r["rank"], "step_s": r["step_time"], "compute_s": compute,
                       "scored_s": sum(ph.get(k, 0.0) for k in SCORED), "non_compute_s": exposed,
                       "idle_s": ph.get("pipeline_wait", 0.0), "comm_s": None, "overlap_ratio": None,
                       "bubble_s": ph.get("pipeline_wait", 0.0), "optimizer_s": ph.get("optimizer", 0.0),
                       "exposed_s": exposed, "waits_s": r.get("waits_by_kind", {}),
-                      "wait_s": r.get("waiting_s", sum(r.get("waits_by_kind", {}).values())), "steps": None})
+                      "wait_s": wait, "exposed_wait_s": r.get("comm_waiting_s", wait), "steps": None})
     return _scored({"source": "report", "world": report["world"], "ranks": ranks,
                     "pipeline": report.get("pipeline"), "config": report.get("config"),
                     "memory": headroom([r.get("memory") or {} for r in report["ranks"]])})
@@ -136,36 +141,54 @@ def _scored(a: dict) -> dict:
 
 
 def bottlenecks(a: dict) -> list[dict]:
-    """Every cost above its limit (`LIMITS`), the largest share of the step first: {"name", "share",
-    "why"} (share: of the slowest rank's step)."""
+    """Every cost above its limit (`LIMITS`), the costliest first: {"name", "cost_s", "share", "why"}.
+
+    Every finding is priced the same way, so that they rank against each other: "cost_s" is its
+    seconds per step on the rank where it is largest, "share" that over the slowest rank's step.
+    One slow rank costs the others' wait for it; exposed communication the exposed time less that
+    wait (a wait in a collective is exposed time on the waiting rank: counted once, as the slow
+    rank's); the bubble and the optimizer their time. Memory headroom costs no step time (cost 0):
+    it is a limit on a larger batch or model, listed last."""
     ranks = a["ranks"]
     step = max(r["step_s"] for r in ranks)
     out = []
     slow = min(ranks, key=lambda r: r["score"])
+    waiting = {r["rank"]: (0.0, 0.0) for r in ranks}
     if len(ranks) > 1 and slow["score"] < LIMITS["straggler_score"]:
-        others = [r["wait_s"] for r in ranks if r is not slow]
-        wait = max(others) if others and any(others) else max(r["exposed_s"] for r in ranks) - slow["exposed_s"]
-        out.append({"name": "one slow rank", "share": max(wait, 0.0) / step, "rank": slow["rank"],
+        waiting = _waiting_for(slow, ranks)
+        wait = max(w for w, _ in waiting.values())
+        out.append({"name": "one slow rank", "cost_s": wait, "rank": slow["rank"],
                     "why": f"rank {slow['rank']} scores {slow['score']:.2f} (its compute {1 / slow['score']:.2f}x the "
                            f"fastest rank's); the others wait up to {wait * 1e3:.1f} ms per step for it"})
     bubble = max(r["bubble_s"] for r in ranks)
     if bubble / step > LIMITS["bubble"]:
         m = (a.get("config") or {}).get("grad_accum")
-        out.append({"name": "pipeline bubble", "share": bubble / step,
+        out.append({"name": "pipeline bubble", "cost_s": bubble,
                     "why": f"stages idle {bubble / step:.0%} of the step waiting for their neighbours"
                            + (f" (m = {m} micro-batches per step)" if m else "")})
-    exposed = max(r["exposed_s"] for r in ranks)
+    exposed = max(max(0.0, r["exposed_s"] - waiting[r["rank"]][1]) for r in ranks)
     if exposed / step > LIMITS["exposed"]:
-        out.append({"name": "exposed communication", "share": exposed / step,
-                    "why": f"{exposed / step:.0%} of the step is communication that compute does not hide"})
+        besides = " besides waiting for the slow rank" if any(w for _, w in waiting.values()) else ""
+        out.append({"name": "exposed communication", "cost_s": exposed,
+                    "why": f"{exposed / step:.0%} of the step is communication that compute does not hide{besides}"})
     opt = max(r["optimizer_s"] for r in ranks)
     if opt / step > LIMITS["optimizer"]:
-        out.append({"name": "optimizer and offload I/O", "share": opt / step,
+        out.append({"name": "optimizer and offload I/O", "cost_s": opt,
                     "why": f"the optimizer step takes {opt / step:.0%} of the step"})
     for m in a.get("memory") or []:
         if m["headroom"] < LIMITS["headroom"]:
-            out.append({"name": "memory headroom", "share": 1 - m["headroom"],
+            out.append({"name": "memory headroom", "cost_s": 0.0,
                         "why": f"{m['where']} has {m['headroom']:.0%} of its memory left at the peak "
                                f"({m['peak_bytes'] / 2**30:.2f} of {m['capacity_bytes'] / 2**30:.2f} GiB)"})
-    order = {"one slow rank": 0}         # a straggler's wait is inside the exposed communication it causes
-    return sorted(out, key=lambda b: (order.get(b["name"], 1), -b["share"]))
+    return sorted(({**b, "share": b["cost_s"] / step} for b in out), key=lambda b: -b["cost_s"])
+
+
+def _waiting_for(slow: dict, ranks: list[dict]) -> dict[int, tuple[float, float]]:
+    """Per rank, (seconds per step it waits for the `slow` rank, the part of them in its exposed
+    communication): the measured waits for the last peer, or, where none was measured (a pipeline's
+    report), what its exposed communication exceeds the slow rank's by."""
+    others = [r for r in ranks if r is not slow]
+    if any(r["wait_s"] for r in others):
+        return {r["rank"]: (0.0, 0.0) if r is slow else (max(r["wait_s"], 0.0), max(r["exposed_wait_s"], 0.0))
+                for r in ranks}
+    return {r["rank"]: (max(0.0, r["exposed_s"] - slow["exposed_s"]),) * 2 for r in ranks}
