@@ -85,6 +85,33 @@ def test_the_page_renders_in_chromium_with_every_chart_and_no_script_error(tmp_p
     assert done.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 50_000
 
 
+def _figures(monkeypatch) -> dict:
+    """The figures the charts draw, by chart id, kept as `charts.svg` receives them."""
+    from ringzero.page import charts
+    drawn, svg = {}, charts.svg
+    monkeypatch.setattr(charts, "svg", lambda fig, chart_id: drawn.setdefault(chart_id, fig) and svg(fig, chart_id))
+    return drawn
+
+
+def test_no_legend_covers_a_chart_and_the_timeline_names_its_steps(tmp_path_factory, monkeypatch):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from ringzero.page import html
+    run = _run(tmp_path_factory)
+    merged = html.merged_trace(str(run["folder"] / "trace"))
+    drawn = _figures(monkeypatch)
+    html.page(run["report"], merged)
+    assert set(drawn) == set(CHARTS)
+    for fig in drawn.values():
+        FigureCanvasAgg(fig).draw()
+        ax = fig.axes[0]
+        legend = ax.get_legend().get_window_extent()
+        assert not legend.overlaps(ax.get_window_extent()), fig     # bars, lines, the rank-0 bar
+        assert not legend.overlaps(ax.xaxis.label.get_window_extent()), fig
+    steps = [e["name"] for e in merged["traceEvents"] if e.get("cat") == "step" and e["pid"] == 0]
+    shown = [t.get_text() for t in drawn["chart-gantt"].axes[0].texts]
+    assert steps and shown == steps == [f"step {i}" for i in range(1, 5)]   # as the progress line: 1/4 to 4/4
+
+
 def test_the_pages_twin_table_holds_the_json_reports_numbers(tmp_path_factory):
     run = _run(tmp_path_factory)
     twins = _Tables("twins")

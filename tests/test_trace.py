@@ -42,7 +42,7 @@ _RUNS: dict = {}
 def _run(pool, tmp_path_factory, case):
     if case not in _RUNS:
         folder = tmp_path_factory.mktemp(case)
-        cfg = TrainConfig(**{**BASE, **CASES[case]}, trace=str(folder), trace_steps="1:4")
+        cfg = TrainConfig(**{**BASE, **CASES[case]}, trace=str(folder), trace_steps="2:4")
         results = pool.run(_traced, cfg, world=WORLD.get(case, 2))
         write_traces(str(folder), [r["trace"] for r in results])
         _RUNS[case] = folder, results
@@ -50,7 +50,8 @@ def _run(pool, tmp_path_factory, case):
 
 
 def _load(folder, name):
-    return json.loads((folder / f"{name}.json").read_text())
+    """`merged`, or a rank's file ("rank1"), from their folder (`trace.write`)."""
+    return json.loads((folder / ("" if name == "merged" else "ranks") / f"{name}.json").read_text())
 
 
 @pytest.mark.timeout(240)
@@ -160,6 +161,7 @@ def test_the_merged_clock_shows_an_injected_delay_as_the_others_wait(pool):
 
 @pytest.mark.parametrize("argv,words", [
     (["--trace-steps", "3:2", "--trace", "T"], ("trace_steps", "reversed")),
+    (["--trace-steps", "0:2", "--trace", "T"], ("trace_steps", "1 <= A")),      # numbered from 1, as the progress line
     (["--trace-steps", "2:9", "--trace", "T", "--steps", "4"], ("trace_steps", "outside", "<= 4")),
     (["--trace-steps", "a:b", "--trace", "T"], ("trace_steps", "A:B")),
     (["--trace-steps", "1:2"], ("trace_steps", "--trace DIR")),
@@ -182,7 +184,7 @@ def _traced_ps(group, cfg):
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_parameter_servers_workers_are_traced_and_their_bytes_are_the_meters(pool, tmp_path, mode):
-    cfg = TrainConfig(**BASE, strategy="ps", servers=1, ps_mode=mode, trace=str(tmp_path), trace_steps="1:4")
+    cfg = TrainConfig(**BASE, strategy="ps", servers=1, ps_mode=mode, trace=str(tmp_path), trace_steps="2:4")
     results = pool.run(_traced_ps, cfg, world=3)
     assert [r["trace"] is not None for r in results] == [r["role"] == "worker" for r in results] == [True, True, False]
     write_traces(str(tmp_path), [r["trace"] for r in results if r["trace"]])

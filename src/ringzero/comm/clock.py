@@ -64,3 +64,26 @@ def offsets(group=None, members: list[int] | None = None) -> list[dict]:
     else:
         dist.recv(flat, ranks[0], group=group, tag=tag)
     return [{"offset_s": float(flat[2 * i]), "error_s": float(flat[2 * i + 1])} for i in range(len(ranks))]
+
+
+def meet(group=None, members: list[int] | None = None) -> None:
+    """Return on every rank of `group` (or of its `members` only, as `offsets`) once all have
+    called it: a barrier, over the members alone when the group holds others (a parameter
+    server's servers, which serve meanwhile and never call it)."""
+    if not dist.is_initialized():
+        return
+    if members is None:
+        dist.barrier(group=group)
+        return
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    ranks = [ranks[m] for m in members]
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    token = torch.zeros(1, device=device)
+    if dist.get_rank() == ranks[0]:          # every member has arrived before the first lets any go
+        for peer in ranks[1:]:
+            dist.recv(token, peer, group=group, tag=TAG)
+        for peer in ranks[1:]:
+            dist.send(token, peer, group=group, tag=TAG)
+    else:
+        dist.send(token, ranks[0], group=group, tag=TAG)
+        dist.recv(token, ranks[0], group=group, tag=TAG)

@@ -147,7 +147,7 @@ def recorded(collective: str):
             try:
                 with contextlib.ExitStack() as ranges:       # a profiler's ranges (`timeline.AROUND`)
                     for enter in AROUND:
-                        ranges.enter_context(enter(f"ringzero:{collective}"))
+                        ranges.enter_context(enter(collective))
                     out = fn(*args, **kwargs)
                 rec.state = "completed"
                 return out

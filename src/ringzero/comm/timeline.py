@@ -132,8 +132,9 @@ def add(attr: str, item) -> None:
 
 
 AROUND: list = []
-"""Context-manager factories entered around every span and recorded collective, by name (a
-profiler's ranges: `torch.profiler.record_function` while `ringzero train --profile` runs)."""
+"""Context-manager factories entered around every span and recorded collective, called with its
+name ("forward", "all_reduce"; a profiler's ranges while `ringzero train --profile` runs,
+`train.tracing`)."""
 
 
 def record(name: str, cat: str, start: float, end: float, **args) -> None:

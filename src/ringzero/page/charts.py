@@ -13,6 +13,7 @@ import io
 import matplotlib
 from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 MEMORY = (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
           ("secondary", "hpZ secondary weights"), ("activations", "activations (one micro-batch)"))
@@ -20,6 +21,9 @@ MEMORY = (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optim
 PREDICTED = {"params": "parameters held", "grads": "gradients held", "optimizer": "optimizer states held",
              "secondary": "hpZ secondary weights held", "activations": "activations saved (one micro-batch)"}
 """The twin row that predicts each stack (the busiest rank's)."""
+BESIDE = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0), "borderaxespad": 0.0}
+"""A legend to the right of its axes, where it hides no bar, label or axis (`svg` saves the figure
+with its legend: bbox_inches="tight")."""
 
 
 def svg(fig: Figure, chart_id: str) -> str:
@@ -43,8 +47,9 @@ def losses(report: dict) -> str:
     if report.get("val"):
         ax.plot([v["step"] for v in report["val"]], [v["loss"] for v in report["val"]], "o-", label="validation")
     ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("loss")
-    ax.legend()
+    ax.legend(**BESIDE)
     ax.grid(alpha=0.3)
     return svg(fig, "chart-loss")
 
@@ -61,7 +66,7 @@ def _stacked(chart_id: str, labels: list[str], series: list[tuple[str, list[floa
             bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_ylabel(unit)
     if any(any(v) for _, v in series):
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, **BESIDE)
     return svg(fig, chart_id)
 
 
@@ -85,10 +90,11 @@ def kinds(report: dict) -> str:
 
 
 def gantt(merged: dict) -> str:
-    """The traced steps' phases per rank on the merged clock (a merged trace's complete events)."""
-    fig = Figure(figsize=(9, 0.6 + 0.55 * max(1, merged["ringzero"]["world"])))
+    """The traced steps' phases per rank on the merged clock (a merged trace's complete events), each
+    step's start marked and labelled with its name (the first rank's, as the trace names it)."""
+    fig = Figure(figsize=(9, 0.9 + 0.55 * max(1, merged["ringzero"]["world"])))
     ax = fig.add_subplot()
-    events = [e for e in merged["traceEvents"] if e["ph"] == "X" and e.get("cat") in ("phase", "collective")]
+    events = [e for e in merged["traceEvents"] if e["ph"] == "X" and e.get("cat") in ("phase", "collective", "step")]
     t0 = min((e["ts"] for e in events), default=0.0)
     names = sorted({e["name"] for e in events if e["cat"] == "phase"})
     colours = {n: f"C{i % 10}" for i, n in enumerate(names)}
@@ -98,13 +104,17 @@ def gantt(merged: dict) -> str:
         start, width = (e["ts"] - t0) / 1e3, e["dur"] / 1e3
         if e["cat"] == "phase":
             ax.broken_barh([(start, width)], (y - 0.4, 0.5), color=colours[e["name"]])
-        else:                      # collectives: a thin line under the phases
+        elif e["cat"] == "collective":     # a thin line under the phases
             ax.broken_barh([(start, width)], (y + 0.15, 0.2), color="black", alpha=0.5)
+    for e in (e for e in events if e["cat"] == "step" and e["pid"] == ranks[0]):
+        at = (e["ts"] - t0) / 1e3
+        ax.axvline(at, color="grey", linewidth=0.6, linestyle=":")
+        ax.text(at, 1.02, e["name"], transform=ax.get_xaxis_transform(), fontsize=7, ha="left", va="bottom")
     for n, c in colours.items():
         ax.bar(0, 0, color=c, label=n)
     ax.bar(0, 0, color="black", alpha=0.5, label="collectives")
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("ms (merged clock)")
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    ax.legend(fontsize=7, **BESIDE)
     return svg(fig, "chart-gantt")

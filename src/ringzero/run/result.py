@@ -25,6 +25,8 @@ class RankResult:
     step_time: float = 0.0
     step_times: list[float] = field(default_factory=list)
     """Seconds of every steady step (warm-up excluded); `step_time` is their median."""
+    rest: float = 0.0
+    """The median over the steady steps of each step's seconds outside its `phases` (`steps.summarise`)."""
     skipped: int = 0
     """Steps skipped so far for an fp16 overflow."""
     loss_scale: float = 1.0

@@ -1,10 +1,11 @@
 """What a run writes to be seen afterwards: the timeline traces of some of its steps
 (`trace`, `trace_steps`) and torch.profiler's own traces of the same steps (`profile`).
 
-`trace_steps` is "A:B", the steps A to B-1 as the engine's loop counts them (from 0; step s is the
-one the progress shows as s+1/N), like a Python slice; None traces the last `DEFAULT_STEPS` steps
-(all of them when the run is shorter). `steps` resolves it against a run; `check` refuses a
-window outside the run or reversed, in one line, before any rank starts.
+`trace_steps` is "A:B", the steps A to B, both included, numbered as the progress line numbers
+them ("step 1/N" is the first) and as the trace names them ("step 1"); None traces the last
+`DEFAULT_STEPS` steps (all of them when the run is shorter). `steps` resolves it against a run,
+into the engine loop's 0-based indices; `check` refuses a window outside the run or reversed, in
+one line, before any rank starts.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ DEFAULT_STEPS = 5
 @dataclass(frozen=True, kw_only=True)
 class TraceConfig:
     trace: str | None = None
-    """A folder for the timeline traces: rank<R>.json per rank and merged.json (None: no trace)."""
+    """A folder for the timeline traces: merged.json and ranks/rank<R>.json per rank (None: no trace)."""
     trace_steps: str | None = None
-    """The traced steps, "A:B" (steps A to B-1, counted from 0; None: the last 5)."""
+    """The traced steps, "A:B" (steps A to B, both included, numbered from 1 as the progress line
+    numbers them; None: the last 5)."""
     profile: str | None = None
     """A folder for torch.profiler's per-rank traces of the same steps (None: no profiler)."""
 
@@ -42,15 +44,16 @@ def parse(text: str) -> tuple[int, int]:
     try:
         a, b = (int(x) for x in str(text).split(":"))
     except ValueError:
-        raise FieldError("trace_steps", f"trace_steps {text!r}: give A:B, the steps A to B-1 counted from 0, "
-                                        f"e.g. 10:15") from None
-    if not 0 <= a < b:
-        raise FieldError("trace_steps", f"trace_steps {text!r} is empty or reversed: give A:B with 0 <= A < B")
+        raise FieldError("trace_steps", f"trace_steps {text!r}: give A:B, the steps A to B numbered from 1 "
+                                        f"as the progress line numbers them, e.g. 10:14") from None
+    if not 1 <= a <= b:
+        raise FieldError("trace_steps", f"trace_steps {text!r} is empty or reversed: give A:B with 1 <= A <= B")
     return a, b
 
 
 def steps(cfg, first: int = 0) -> range:
-    """The steps traced in a run of `cfg` that starts at step `first` (empty: nothing traced)."""
+    """The engine loop's indices (0-based: index s is step s + 1) of the steps traced in a run of
+    `cfg` that starts at index `first` (empty: nothing traced)."""
     t = cfg.trace
     if t.trace is None and t.profile is None:
         return range(0)
@@ -58,7 +61,7 @@ def steps(cfg, first: int = 0) -> range:
     if t.trace_steps is None:
         return range(max(first, end - DEFAULT_STEPS), end)
     a, b = parse(t.trace_steps)
-    return range(a, b)
+    return range(a - 1, b)
 
 
 def check(cfg, first: int = 0) -> None:
@@ -68,7 +71,7 @@ def check(cfg, first: int = 0) -> None:
         return
     a, b = parse(t.trace_steps)
     end = cfg.training.steps
-    if a < first or b > end:
+    if a <= first or b > end:
         resumed = f" (it resumes from the checkpoint of step {first})" if first else ""
         raise FieldError("trace_steps", f"trace_steps {t.trace_steps!r} is outside the steps this run takes{resumed}; "
-                                        f"allowed: A:B with {first} <= A < B <= {end} (steps count from 0)")
+                                        f"allowed: A:B with {first + 1} <= A <= B <= {end} (steps numbered from 1)")

@@ -36,6 +36,19 @@ def us(t: float) -> float:
     return round(t * 1e6, 3)
 
 
+def interval(start: float, end: float, shift=lambda t: t) -> dict:
+    """A complete event's ts and dur (µs) for the span `start`..`end` (`time.time()` readings) on
+    the clock `shift` maps to. Both ends are mapped and written as `us` writes a time, and dur is
+    their difference, exact in floating point, so that ts + dur is the written end itself: a span
+    nested in another on its rank's clock stays nested on the merged clock, whatever the offset
+    does in between (`shift` never runs backwards) and however the figures round. (At today's epoch
+    a double holds a µs figure to a quarter µs, not to the ns: a length kept apart from its start
+    could round past its parent's end; mapping the start alone let a child outlast its parent by
+    the offsets' drift between the two starts.)"""
+    a, b = us(shift(start)), us(shift(end))
+    return {"ts": a, "dur": b - a}
+
+
 def traffic(counts: list[int] | None) -> dict[str, int]:
     return dict(zip(FIELDS, counts)) if counts else {}
 
@@ -68,25 +81,25 @@ def rank_events(data: dict, shift=lambda t: t, waits: dict | None = None) -> lis
         out += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": shown}},
                 {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}]
     for s in data["spans"]:
-        ev = {"name": s["name"], "cat": s["cat"], "pid": pid, "tid": tids[s["thread"]][0], "ts": us(shift(s["start"])),
-              "args": dict(s["args"])}
+        ev = {"name": s["name"], "cat": s["cat"], "pid": pid, "tid": tids[s["thread"]][0], "args": dict(s["args"])}
+        at = interval(s["start"], s["end"], shift)
         if s["end"] == s["start"] and s["cat"] == "mark":
-            out.append({**ev, "ph": "i", "s": "t"})
+            out.append({**ev, "ph": "i", "s": "t", "ts": at["ts"]})
         else:
-            out.append({**ev, "ph": "X", "dur": us(s["end"] - s["start"])})
+            out.append({**ev, "ph": "X", **at})
     for c in data["calls"]:
         if c["end"] is None:
             continue
         key = call_key(c)
         out.append({"ph": "X", "name": c["collective"], "cat": "collective", "pid": pid, "tid": tids[c["thread"]][0],
-                    "ts": us(shift(c["start"])), "dur": us(c["end"] - c["start"]),
-                    "args": collective_args(c, waits.get(key))})
+                    **interval(c["start"], c["end"], shift), "args": collective_args(c, waits.get(key))})
     for i, c in enumerate(data["p2p"]):
         ev = {"name": "send/recv", "cat": "p2p", "pid": pid, "tid": tids[c["thread"]][0], "id": f"p2p-{pid}-{i}"}
         end = c["end"] if c["end"] is not None else c["start"]
         args = {"kind": c["kind"], "sends": c["detail"].get("sends", []), "recvs": c["detail"].get("recvs", []),
                 "tag": c["detail"].get("tag"), **{k: v for k, v in traffic(c["counts"]).items() if v}}
-        out += [{**ev, "ph": "b", "ts": us(shift(c["start"])), "args": args}, {**ev, "ph": "e", "ts": us(shift(end))}]
+        at = interval(c["start"], end, shift)
+        out += [{**ev, "ph": "b", "ts": at["ts"], "args": args}, {**ev, "ph": "e", "ts": at["ts"] + at["dur"]}]
     return out
 
 

@@ -17,11 +17,17 @@ from ringzero.trace.events import call_key, us
 
 
 def shift_of(data: dict):
-    """`data`'s rank's clock -> the first rank's (a function of `time.time()` readings)."""
+    """`data`'s rank's clock -> the first rank's (a function of `time.time()` readings). It never
+    runs backwards (a later reading maps no earlier), so spans nested on the rank's clock stay
+    nested on the merged one (`events.interval`)."""
     r, clock = data["rank"], data["clock"]
     a, b = clock["start"], clock["end"]
     oa, ob = a["offsets"][r]["offset_s"], b["offsets"][r]["offset_s"]
     span = b["at"] - a["at"]
+    if abs(ob - oa) >= span / 2:
+        # no clock drifts by half the time it runs: this is the measurements' noise (a loaded
+        # machine's round trips), and followed it would map later readings earlier
+        oa = ob = (oa + ob) / 2
 
     def shift(t: float) -> float:
         w = (t - a["at"]) / span if span > 0 else 0.0

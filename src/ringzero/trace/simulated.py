@@ -49,8 +49,8 @@ def events(stages: list, pids: list[int], group: dict[str, int], seconds: float)
     out = []
     for s, (spans, pid) in enumerate(zip(stages, pids)):
         out += _meta(pid, s)
-        out.append({"ph": "X", "name": "step 0", "cat": "step", "pid": pid, "tid": 1, **_at(0.0, seconds),
-                    "args": {"step": 0}})
+        out.append({"ph": "X", "name": "step 1", "cat": "step", "pid": pid, "tid": 1, **_at(0.0, seconds),
+                    "args": {"step": 1}})
         done = max((sp.end for sp in spans if sp.lane != "p2p"), default=0.0)
         if done < seconds:       # a stage done early idles until the step ends: the pipeline's bubble
             out.append({"ph": "X", "name": "pipeline_wait", "cat": "phase", "pid": pid, "tid": 1,
@@ -74,5 +74,5 @@ def simulated_trace(stages: list, pids: list[int], group: dict[str, int], second
     """The whole trace document: `events` with the distributed info and ringzero's section."""
     info = {"backend": "simulated", "rank": 0, "world_size": world, "pg_config": []}
     meta = {"kind": "simulated", "schema": SCHEMA, "world": world, "config": config,
-            "steps": [{"step": 0, "seconds": seconds}]}
+            "steps": [{"step": 1, "seconds": seconds}]}
     return document(events(stages, pids, group, seconds), info, meta)

@@ -88,11 +88,18 @@ def forward_backward(replica, schedule, batches: list, loss_scale, measure: bool
 
 
 def summarise(res: RankResult, totals: list[float], phases: list[dict], strategy) -> slice:
-    """Step times and per-phase medians of the steady steps (warm-up left out when there are
-    enough steps) and `strategy`'s bucket layout, into `res`; returns the steady slice."""
+    """Step times, per-phase medians and the median rest (time outside every phase) of the steady
+    steps (warm-up left out when there are enough steps) and `strategy`'s bucket layout, into `res`;
+    returns the steady slice.
+
+    The rest is taken step by step, then its median: medians do not add, so the step's median less
+    the phases' medians can come out negative (a step whose optimizer ran long and another whose
+    backward did). A step's total is perf_counter's, its phases time.time()'s: the two clocks can
+    differ by a microsecond over a step, never by more, hence the floor at 0."""
     steady = slice(min(2, len(totals) - 1), None)
     res.step_times, res.calls, res.compress_s = totals[steady], res.calls[steady], res.compress_s[steady]
     res.step_time = statistics.median(res.step_times)
     res.phases = {k: statistics.median(p[k] for p in phases[steady]) for k in phases[0]}
+    res.rest = statistics.median(max(0.0, t - sum(p.values())) for t, p in zip(res.step_times, phases[steady]))
     res.buckets = strategy.layout()
     return steady

@@ -3,12 +3,19 @@
 Over the steps `run.trace_options.steps` names, the tracer keeps one `comm.timeline.Timeline` and
 one `comm.TrafficMeter` open (so everything in between is seen: the steps, and the validation,
 probes and checkpoint saves after them), and anchors this rank's clock to the grid's first rank
-before and after them (`comm.clock`). What it collected leaves the rank as plain data
-(`RankResult.trace`); `ringzero.trace` turns it into Chrome trace-event files.
+before and after them (`comm.clock`). Then the traced ranks meet (`comm.clock.meet`), so that the
+first traced step starts together on every rank: what the tracer started (the anchor's exchanges,
+the profiler) takes each rank its own time, and a rank let into the step early would wait for its
+peers inside it. What it collected leaves the rank as plain data (`RankResult.trace`);
+`ringzero.trace` turns it into Chrome trace-event files. Steps are named as the progress line
+numbers them: loop index s is "step s+1".
 
-With `profile`, torch.profiler runs over the same steps (CPU activities; CUDA where present) and
-every phase and collective is a `record_function` range in it; torch writes its own per-rank trace
-with `tensorboard_trace_handler`, which TensorBoard and Holistic Trace Analysis read.
+With `profile`, torch.profiler runs over the same steps (CPU activities; CUDA where present) on
+every thread of the process (`profile_all_threads`: by default it sees only the thread that
+started it, and the data-parallel collectives run on the communication thread,
+`parallel.comm_queue`), and every phase and collective is a `record_function` range in it named
+`ringzero:<name>`; torch writes its own per-rank trace with `tensorboard_trace_handler`, which
+TensorBoard and Holistic Trace Analysis read.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -25,6 +33,7 @@ from ringzero.comm import clock, timeline
 from ringzero.parallel.topology import Topology
 from ringzero.run import trace_options
 from ringzero.run.config import TrainConfig
+from ringzero.train import kineto_notices
 
 SCHEMA = 1
 """The version of the plain data a tracer hands over (and of the trace files written from it)."""
@@ -68,14 +77,16 @@ class Tracer:
             self._start_profiler()
         self._meter = comm.TrafficMeter().__enter__()
         self._log = timeline.Timeline().__enter__()
+        if self.seat.world > 1:
+            clock.meet(self.seat.group, self.seat.members)
 
     def end(self, step: int, phases: dict[str, float], start: float, stop: float) -> None:
-        """Step `step` (which ran from `start` to `stop`, `time.time()`) is over, with `phases` (the
-        engine's seconds per phase)."""
+        """Step `step` (the loop's index; which ran from `start` to `stop`, `time.time()`) is over,
+        with `phases` (the engine's seconds per phase)."""
         if step not in self.steps:
             return
-        self._records.append({"step": step, "start": start, "end": stop, "phases": dict(phases)})
-        timeline.record(f"step {step}", "step", start, stop, step=step)
+        self._records.append({"step": step + 1, "start": start, "end": stop, "phases": dict(phases)})
+        timeline.record(f"step {step + 1}", "step", start, stop, step=step + 1)
         if step == self.steps[-1]:
             self._finish()
 
@@ -83,8 +94,9 @@ class Tracer:
         self._log.__exit__(None, None, None)
         self._meter.__exit__(None, None, None)
         if self._profiler is not None:
-            timeline.AROUND.remove(torch.profiler.record_function)
-            self._profiler.stop()
+            timeline.AROUND.remove(_profiled)
+            with kineto_notices.quiet():
+                self._profiler.stop()
         self._anchors["end"] = self._anchor()
         log = self._log
         self.data = {
@@ -105,14 +117,28 @@ class Tracer:
         return {"at": time.time(), "offsets": offsets}
 
     def _start_profiler(self) -> None:
+        from torch._C._profiler import _ExperimentalConfig
         from torch.profiler import ProfilerActivity, profile, tensorboard_trace_handler
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         os.makedirs(self.cfg.trace.profile, exist_ok=True)
-        self._profiler = profile(activities=activities, record_shapes=False,
+        try:
+            every_thread = _ExperimentalConfig(profile_all_threads=True)
+        except TypeError:       # an older torch's profiler has no such option
+            every_thread = None
+            warnings.warn(f"--profile: torch {torch.__version__}'s profiler records only the main thread; the "
+                          f"collectives of the communication thread are missing from its trace (--trace has them)")
+        self._profiler = profile(activities=activities, record_shapes=False, experimental_config=every_thread,
                                  on_trace_ready=tensorboard_trace_handler(self.cfg.trace.profile,
                                                                           worker_name=f"rank{self.seat.rank}"))
-        self._profiler.start()
-        timeline.AROUND.append(torch.profiler.record_function)
+        with kineto_notices.quiet():
+            self._profiler.start()
+        timeline.AROUND.append(_profiled)
+
+
+def _profiled(name: str):
+    """A profiler range for ringzero's span or collective `name`, prefixed so it stands apart from
+    torch's own (`aten::...`)."""
+    return torch.profiler.record_function(f"ringzero:{name}")
 
 
 def _groups(topo: Topology) -> list[dict]:
