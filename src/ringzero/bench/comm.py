@@ -11,8 +11,8 @@ reduce 1; nccl-tests' PERFORMANCE.md), and #wrong (elements that differ from the
 checked run of every cell; see `bench.comm_ranks`). `--compare` adds the backend's own collective as
 algorithm "torch". All arguments are checked before any rank starts.
 
-`--emulate-inter-node GBPS[,LATENCY_US]` with `--ranks-per-node K` turns the local ranks into nodes
-of K joined by a GBPS GB/s network (`comm.link_emulator`), and each row gains the bytes the busiest
+`--emulate-inter-node BW[,LATENCY_US]` with `--ranks-per-node K` turns the local ranks into nodes
+of K joined by a BW network (a plain number: GB/s) (`comm.link_emulator`), and each row gains the bytes the busiest
 rank sent to other nodes in one call (measured by the traffic meter) and the α-β prediction of the
 time the emulated links add (`plan.comm.links.emulated_seconds`, for the algorithms it models):
 
@@ -34,7 +34,7 @@ from ringzero.comm.transport import preflight
 from ringzero.comm.ops import SUPPORTED_DTYPES
 from ringzero.plan.comm import links
 from ringzero.plan.comm.volume import bus_factor, call_for
-from ringzero.plan.units import parse_sizes  # noqa: F401  (this module's API since its first release)
+from ringzero.plan.units import BandwidthFlag, parse_sizes  # noqa: F401  (parse_sizes: this module's API)
 from ringzero.run.config import TrainConfig
 from ringzero.bench import comm_memory
 from ringzero.bench.comm_ranks import Job, element_count, rank_main
@@ -69,19 +69,11 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
         raise ValueError(f"{option} takes comma-separated integers, got {text!r}") from None
 
 
-def parse_emulation(text: str | None) -> tuple[float, float] | None:
-    """'1' -> (1.0, 0.0), '0.5,20' -> (0.5, 20.0): GB/s and µs per message of the emulated link."""
-    if text is None:
-        return None
-    parts = text.split(",")
-    try:
-        gbps, latency = float(parts[0]), float(parts[1]) if len(parts) > 1 else 0.0
-    except ValueError:
-        gbps = latency = float("nan")
-    if len(parts) > 2 or not (0 < gbps < float("inf") and 0 <= latency < float("inf")):
-        raise ValueError(f"--emulate-inter-node takes GBPS[,LATENCY_US] with GBPS > 0 and "
-                         f"LATENCY_US >= 0, got {text!r}")
-    return gbps, latency
+def parse_emulation(value) -> tuple[float, float] | None:
+    """--emulate-inter-node ('1', '10Gbit/s,20' or its parsed `plan.units.Link`) -> (GB/s, µs per
+    message) of the emulated link, as `ringzero train` reads it; None: no emulation."""
+    from ringzero.commands.train_args import inter_node_link
+    return None if value is None else inter_node_link(value)
 
 
 def _check_emulation(args, worlds, cases) -> tuple[float, float] | None:
@@ -179,8 +171,10 @@ def build_job(args) -> Job:
 def add_arguments(parser) -> None:
     a = parser.add_argument
     a("--nproc", type=int, default=4, help="local ranks to spawn (default 4)")
-    a("--collective", action="append", help="collective(s), repeatable or comma list (default: all)")
-    a("--algorithm", action="append", help="algorithm(s) (default: every one)")
+    a("--collective", action="append", help="collective(s) to measure, repeatable or a comma list (default: all)")
+    a("--algorithm", action="append",
+      help="algorithm(s) to measure each collective with, repeatable or a comma list; auto: the one the cost "
+           "model picks, torch: the backend's own (default: every one of ringzero's)")
     a("--sizes", help="comma list of buffer sizes, e.g. 64KiB,1MiB (default 1KiB..64MiB by x4; 16MiB with --calibrate)")
     a("--dtype", default="float32", help=f"element type (default float32; {', '.join(_DTYPES)})")
     a("--iters", type=int, default=None, help="timed repetitions; the median is reported (default 5; 3 with --calibrate)")
@@ -189,10 +183,10 @@ def add_arguments(parser) -> None:
     a("--worlds", help="also measure on sub-groups of these sizes, e.g. 2,3,4 (default: --nproc; "
                        "with --calibrate 2..--nproc)")
     a("--ranks-per-node", type=int, help="emulate nodes of this many ranks (hierarchical, auto)")
-    a("--emulate-inter-node", metavar="GBPS[,LATENCY_US]",
-      help="join the --ranks-per-node nodes by an emulated link of GBPS GB/s and LATENCY_US µs per "
-           "message (default 0): messages between nodes wait for it; rows gain the cross-node bytes "
-           "and the α-β prediction of the emulated time")
+    a("--emulate-inter-node", metavar="BW[,LATENCY_US]", type=BandwidthFlag("--emulate-inter-node", link=True),
+      help="join the --ranks-per-node nodes by an emulated link of BW (e.g. 1GB/s, 10Gbit/s; a plain number: "
+           "GB/s) and LATENCY_US µs per message (default 0): messages between nodes wait for it; rows gain the "
+           "cross-node bytes and the α-β prediction of the emulated time")
     a("--transport", default="auto", choices=TRANSPORTS,
       help="how ringzero's messages travel: auto (shared memory between ranks of this host), shm, or gloo "
            "(default auto); the backend's own collectives (--compare) always take the backend")
@@ -245,7 +239,7 @@ def run(args) -> int:
             outputs.plot_format(args.plot, "--plot")
         if args.out:
             outputs.check(args.out, "--out")
-        comm_memory.check(job.sizes, args.nproc, force=args.force)      # last, as `train` checks its footprint
+        comm_memory.check(job.sizes, args.nproc, job.cases, job.worlds, force=args.force)      # last, as `train` checks its footprint
     rows = measure(job, args.nproc, args.timeout)
     cal = path = None
     if args.calibrate:
@@ -260,6 +254,8 @@ def run(args) -> int:
     else:
         from ringzero.bench.comm_report import print_calibration, print_table
         print_table(rows)
+        if args.emulate_inter_node is not None:
+            print(f"emulated link between nodes of {args.ranks_per_node} ranks: {args.emulate_inter_node}")
         if cal is not None:
             print_calibration(cal, path)
     if args.plot:

@@ -1,43 +1,110 @@
 """Host memory `ringzero bench comm` needs, checked before its ranks start (as `twin.footprint`
-checks a training run, against the same `available_bytes`).
+checks a training run, against the same `available_bytes`), and the scratch its ranks set aside.
 
-Each rank measures one cell (collective, size) at a time, and the buffers of a cell are freed before
-the next; but every rank runs with the tuned allocator (`ringzero.allocator`), which keeps freed
-memory in the process, so a rank holds about the peak of its largest cell until it exits. That
-peak is far above the buffer: the cell's input, output and expected result (`comm_ranks.Cell`), the
-int64 reference sums the expected result is computed in, the work copies and receive buffers of
-every algorithm run in turn, and the allocator's fragmentation between them. `CELL_FACTOR` is the
-most any rank's peak resident memory grew per byte of the cell's buffer, measured on the
-development machine over every collective with all its algorithms (64 MiB of float32 on 2 ranks:
-up to 25x, for all_reduce and broadcast: `ringzero bench comm --nproc 2 --collective all_reduce
---sizes 64MiB`, and each other collective, with each rank's VmHWM in /proc/PID/status against its
-VmRSS before the cell), rounded up; a wider dtype needs fewer int64 bytes per buffer byte, so
-the factor overestimates float64 and int64 a little. The whole job: `ranks x (PROCESS_BYTES +
-CELL_FACTOR x largest size)`.
+A rank measures one cell (collective, size, world) at a time and holds, as nccl-tests does, the
+cell's buffers (`comm_ranks.Cell`): one send buffer, one receive buffer and one expected result at
+most, `BUFFERS` of them per byte of the buffer on the busiest rank (an all-reduce 3: the buffer it
+reduces into, its fresh input, the exact sum). Each call of a ringzero algorithm adds its scratch:
+its receive buffers and the work copies the call makes of the caller's tensors (`comm.api.work`),
+`SCRATCH` per byte on the busiest rank, from the code of each algorithm (a naive all-reduce's root
+receives every other rank's buffer in one step: n - 1; a ring's receives one chunk: 1/n);
+`tests/test_bench_memory.py` runs every algorithm and checks that no rank asks for more. The
+bench's ranks take all of it from the scratch arena (`comm.p2p`), sized once per cell to the most
+the cell's algorithms take, so every call reuses the same pages. The backend's own collectives
+(algorithm "torch") allocate inside gloo: their `SCRATCH` is measured (the growth of the busiest
+rank's VmHWM over the cell's buffers, 64 MiB of float32 on 2 ranks, rounded up).
+
+A rank then peaks at `PROCESS_BYTES + (BUFFERS + the largest SCRATCH of its algorithms) x the
+largest buffer`, the most over the job's collectives and worlds; the job, the ranks times that.
 """
 
 from __future__ import annotations
 
+import math
+from typing import Callable
+
 from ringzero.twin.footprint import PROCESS_BYTES, available_bytes
 
-CELL_FACTOR = 32
-"""Peak bytes a rank holds per byte of its largest cell's buffer (see the module doc)."""
+Rule = Callable[[int], float]
+"""Bytes per byte of the whole buffer, on the busiest of n ranks."""
+
+BUFFERS: dict[str, Rule] = {
+    "all_reduce": lambda n: 3,                 # buffer, fresh input, exact sum
+    "reduce": lambda n: 3,                     # the same on the root
+    "broadcast": lambda n: 2,                  # buffer, the root's input (its own expected result)
+    "all_gather": lambda n: 2 + 1 / n,         # output, expected output, this rank's chunk
+    "reduce_scatter": lambda n: 1 + 2 / n,     # input, this rank's chunk and its expected sum
+    "gather": lambda n: 2 + 1 / n,             # the root's outputs and expected outputs, its chunk
+    "scatter": lambda n: 1 + 2 / n,            # the root's inputs, its chunk and its expected chunk
+    "all_to_all": lambda n: 3,                 # inputs, outputs, expected outputs
+}
+"""`comm_ranks.Cell`'s buffers on the busiest rank, per byte of the whole buffer."""
 
 
-def rank_bytes(largest: int) -> int:
+
+def _power_of_two(n: int) -> bool:
+    return n & (n - 1) == 0
+
+
+def _each(k: float) -> Rule:
+    return lambda n: k
+
+
+SCRATCH: dict[tuple[str, str], Rule] = {
+    ("all_reduce", "naive"): lambda n: n - 1,          # the root receives the n - 1 others at once
+    ("all_reduce", "ring"): lambda n: 1 / n,           # one chunk
+    ("all_reduce", "tree"): lambda n: min(2, n - 1),   # two children's messages in flight
+    ("all_reduce", "butterfly"): lambda n: 1,          # the partner's whole buffer
+    ("all_reduce", "rabenseifner"): lambda n: 1 / 2 if _power_of_two(n) else 1,   # halving; a fold
+    ("all_reduce", "hierarchical"): lambda n: min(2, n - 1),   # a tree inside and across nodes
+    ("all_reduce", "hierarchical_2d"): lambda n: 1,
+    ("reduce_scatter", "ring"): lambda n: 1 + 1 / n,   # the work copy of the input, one chunk
+    ("reduce_scatter", "recursive_halving"): lambda n: 2,
+    ("reduce_scatter", "naive"): lambda n: n,          # the work copy, and n - 1 at the root
+    ("reduce", "naive"): lambda n: max(1, n - 1),      # the root as all-reduce's; others: a work copy
+    ("reduce", "tree"): lambda n: min(2, n - 1),      # the root's two children, or a copy and one
+    ("gather", "naive"): lambda n: 1, ("gather", "tree"): lambda n: 1,      # the work buffer
+    ("scatter", "naive"): lambda n: 1, ("scatter", "tree"): lambda n: 1,
+    ("all_to_all", "pairwise"): lambda n: 2, ("all_to_all", "naive"): lambda n: 2,   # send and receive
+    **{("all_gather", a): _each(0) for a in ("ring", "recursive_doubling", "naive")},   # in place
+    **{("broadcast", a): _each(0) for a in ("naive", "tree", "scatter_allgather")},
+    # gloo's own (measured, see the module doc); a non-root reduce also copies its input
+    **{(c, "torch"): _each(k) for c, k in (
+        ("all_reduce", 0.5), ("broadcast", 0.5), ("reduce", 1), ("all_gather", 2), ("reduce_scatter", 3),
+        ("gather", 2), ("scatter", 0.5), ("all_to_all", 3))},
+}
+"""One call's scratch on the busiest rank, per byte of the whole buffer (see the module doc)."""
+
+
+def scratch(collective: str, algorithms, n: int) -> float:
+    """The most scratch any of `algorithms` takes on n ranks ("auto": any of the collective's)."""
+    own = [a for c, a in SCRATCH if c == collective and a != "torch"]
+    names = [x for a in algorithms for x in (own if a == "auto" else [a])]
+    return max((SCRATCH[collective, a](n) for a in names), default=0.0)
+
+
+def factor(cases, worlds) -> float:
+    """Bytes a rank holds per byte of the largest buffer, the most over `cases` ((collective,
+    algorithms)) on every world of `worlds`."""
+    return max((BUFFERS[c](n) + scratch(c, algs, n) for c, algs in cases for n in worlds), default=0.0)
+
+
+def rank_bytes(largest: int, per_byte: float) -> int:
     """Bytes one rank holds at its peak when its largest buffer is `largest` bytes."""
-    return PROCESS_BYTES + CELL_FACTOR * largest
+    return PROCESS_BYTES + math.ceil(per_byte * largest)
 
 
-def check(sizes: tuple[int, ...], ranks: int, force: bool = False) -> int:
+def check(sizes: tuple[int, ...], ranks: int, cases, worlds, force: bool = False) -> int:
     """The job's bytes; ValueError (one line, with the numbers) when they exceed what the machine
     has available and `force` is not set."""
-    need = ranks * rank_bytes(max(sizes))
-    room = available_bytes()
+    per_byte = factor(cases, worlds)
+    each = rank_bytes(max(sizes), per_byte)
+    need, room = ranks * each, available_bytes()
     if room is not None and need > room and not force:
         gib = 2**30
         raise ValueError(
             f"{ranks} ranks need about {need / gib:.1f} GiB for --sizes up to {max(sizes) / gib:.3g} GiB "
-            f"({rank_bytes(max(sizes)) / gib:.2f} GiB each: {PROCESS_BYTES / gib:.2f} process, {CELL_FACTOR} x "
-            f"the largest buffer) but {room / gib:.1f} GiB is available; use smaller --sizes, fewer ranks, or --force")
+            f"({each / gib:.2f} GiB each: {PROCESS_BYTES / gib:.2f} process, {per_byte:.3g} x the largest "
+            f"buffer: its send, receive and expected buffers and the algorithms' scratch) but {room / gib:.1f} "
+            f"GiB is available; use smaller --sizes, fewer ranks or algorithms, or --force")
     return need

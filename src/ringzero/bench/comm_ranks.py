@@ -19,6 +19,7 @@ traffic meter, and the row's cross_node_bytes is the most bytes any rank sent to
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
 import warnings
@@ -28,7 +29,8 @@ import torch
 import torch.distributed as dist
 
 from ringzero import comm
-from ringzero.comm import transport
+from ringzero.bench import comm_memory
+from ringzero.comm import p2p, transport
 from ringzero.plan.comm.algorithms import spans_nodes_ok
 from ringzero.plan.comm.chunks import chunk_sizes
 
@@ -38,6 +40,8 @@ MAX_INNER = 200
 SENTINEL = 127
 """Fills outputs before the checked call: no input (0..4) nor sum of < 32 ranks' inputs equals it,
 so an element an algorithm forgot to write is counted wrong. Exact in every supported dtype."""
+CHECK_ELEMENTS = 1 << 20
+"""`Cell.wrong` compares this many elements at a time: its temporaries stay a few MiB."""
 
 
 @dataclass(frozen=True)
@@ -74,35 +78,60 @@ def element_count(collective: str, nbytes: int, itemsize: int, n: int) -> int:
     return count
 
 
-def _pat(m: int, key: int, dtype) -> torch.Tensor:
-    return ((torch.arange(m) + key) % 5).to(dtype)
+def _pat(m: int, key: int, dtype, ranks: int = 1) -> torch.Tensor:
+    """m elements, element i = sum over q < `ranks` of (i + key + 3q) mod 5: rank r's input is
+    (m, 3r), the sum of n ranks' inputs (m, 0, ranks=n). The pattern repeats every 5 elements, so it
+    is made from its period in `dtype`, exactly as an int64 sum cast to `dtype` would be, without
+    int64 temporaries as long as the buffer (8 bytes an element: 6x a float32 buffer at the peak)."""
+    five = sum((torch.arange(5) + key + 3 * q) % 5 for q in range(ranks))
+    return five.to(dtype).repeat(-(-m // 5))[:m]
+
+
+def _stacked(parts: list[tuple[int, int]], dtype) -> torch.Tensor:
+    """The patterns (m, key) one after another, written piece by piece into one buffer (no copy of
+    the whole as `torch.cat` would make)."""
+    out = torch.empty(sum(m for m, _ in parts), dtype=dtype)
+    at = 0
+    for m, key in parts:
+        out[at:at + m].copy_(_pat(m, key, dtype))
+        at += m
+    return out
 
 
 class Cell:
-    """Buffers, the expected result and the call of one collective of `count` elements."""
+    """Buffers, the expected result and the call of one collective of `count` elements.
+
+    As nccl-tests does, a rank holds one send buffer, one receive buffer and one expected result at
+    most (`bench.comm_memory.BUFFERS` counts them per collective): the in-place collectives keep
+    their fresh input beside the buffer they reduce into, a broadcast's root compares with its own
+    input, and `wrong` compares in pieces of `CHECK_ELEMENTS`."""
 
     def __init__(self, collective, group, count, dtype):
         self.collective, self.group, self.dtype = collective, group, dtype
         self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
         n, r, m = self.n, self.rank, count // self.n
         pat = lambda size, key: _pat(size, key, dtype)  # noqa: E731
+        self.fresh = None
+        """The in-place collectives' input, copied into `buf` before the checked call (None: the
+        sentinel, for a broadcast's receivers)."""
         if collective in ("all_reduce", "reduce", "broadcast"):
             self.buf = torch.empty(count, dtype=dtype)
-            fresh = pat(count, 3 * r) if collective != "broadcast" or r == 0 else None
-            self.inputs = [fresh if fresh is not None else torch.full((count,), SENTINEL, dtype=dtype)]
-            total = sum(_pat(count, 3 * q, torch.int64) for q in range(n)).to(dtype)
-            self.expect = {"all_reduce": total, "reduce": total if r == 0 else None,
-                           "broadcast": pat(count, 0)}[collective]
+            if collective != "broadcast" or r == 0:
+                self.fresh = pat(count, 3 * r)
+            if collective == "broadcast":
+                self.expect = self.fresh if r == 0 else pat(count, 0)
+            else:                        # the sum of every rank's input, where this rank receives it
+                self.expect = _pat(count, 0, dtype, ranks=n) if collective == "all_reduce" or r == 0 else None
         elif collective == "all_gather":
             self.inp, self.out = pat(m, 3 * r), torch.empty(count, dtype=dtype)
-            self.expect = torch.cat([pat(m, 3 * q) for q in range(n)])
+            self.expect = _stacked([(m, 3 * q) for q in range(n)], dtype)
         elif collective == "reduce_scatter":
             self.inp, self.out = pat(count, 3 * r), torch.empty(m, dtype=dtype)
-            self.expect = sum(_pat(count, 3 * q, torch.int64) for q in range(n))[r * m:(r + 1) * m].to(dtype)
+            self.expect = _pat(m, r * m, dtype, ranks=n)
         elif collective == "gather":
             self.inp = pat(m, 3 * r)
             self.outs = [torch.empty(m, dtype=dtype) for _ in range(n)] if r == 0 else None
-            self.expect = torch.cat([pat(m, 3 * q) for q in range(n)]) if r == 0 else None
+            self.expect = _stacked([(m, 3 * q) for q in range(n)], dtype) if r == 0 else None
         elif collective == "scatter":
             self.ins = [pat(m, 3 * q) for q in range(n)] if r == 0 else None
             self.out, self.expect = torch.empty(m, dtype=dtype), pat(m, 3 * r)
@@ -110,14 +139,17 @@ class Cell:
             sizes = chunk_sizes(count, n)  # rank r sends chunk j of its buffer to rank j
             self.ins = [pat(sizes[j], 3 * r + j) for j in range(n)]
             self.outs = [torch.empty(sizes[r], dtype=dtype) for _ in range(n)]
-            self.expect = torch.cat([pat(sizes[r], 3 * q + r) for q in range(n)])
+            self.expect = _stacked([(sizes[r], 3 * q + r) for q in range(n)], dtype)
         else:
             raise ValueError(f"unknown collective {collective!r}")
 
     def reset(self) -> None:
         """Fresh inputs before the checked call (in-place collectives consumed the last ones)."""
         if hasattr(self, "buf"):
-            self.buf.copy_(self.inputs[0])
+            if self.fresh is not None:
+                self.buf.copy_(self.fresh)
+            else:
+                self.buf.fill_(SENTINEL)
         for name in ("out", "outs"):
             for t in _as_list(getattr(self, name, None)):
                 t.fill_(SENTINEL)
@@ -147,14 +179,22 @@ class Cell:
             comm.all_to_all(self.outs, self.ins, group=g, algorithm=a)
 
     def wrong(self) -> int:
-        """Elements of this rank's output that differ from the exact result."""
+        """Elements of this rank's output that differ from the exact result, compared piece by piece
+        into one mask: a comparison of the whole would hold a bool per element more, and a fresh
+        mask per piece is a fresh allocation each time, which the tuned allocator may not reuse."""
         if self.expect is None:
             return 0
         got = {"all_reduce": "buf", "reduce": "buf", "broadcast": "buf", "all_gather": "out",
                "reduce_scatter": "out", "scatter": "out", "gather": "outs", "all_to_all": "outs"}
-        value = getattr(self, got[self.collective])
-        value = torch.cat(value) if isinstance(value, list) else value
-        return int((value != self.expect).sum())
+        mask = torch.empty(min(CHECK_ELEMENTS, self.expect.numel()), dtype=torch.bool)
+        wrong, at = 0, 0
+        for piece in _as_list(getattr(self, got[self.collective])):
+            for lo in range(0, piece.numel(), CHECK_ELEMENTS):
+                hi = min(lo + CHECK_ELEMENTS, piece.numel())
+                torch.ne(piece[lo:hi], self.expect[at + lo:at + hi], out=mask[:hi - lo])
+                wrong += int(torch.count_nonzero(mask[:hi - lo]))   # a bool sum would copy it to int64
+            at += piece.numel()
+        return wrong
 
 
 def _as_list(x):
@@ -190,6 +230,7 @@ def measure_cell(group, collective: str, algorithms, count: int, job: Job) -> li
     """Check and time every algorithm on one (collective, count); rows are valid on every rank."""
     dtype = getattr(torch, job.dtype)
     cell = Cell(collective, group, count, dtype)
+    p2p.reserve(dtype, "cpu", math.ceil(comm_memory.scratch(collective, algorithms, cell.n) * count))
     wrong, inner, cross = check(cell, algorithms), [], []
     for a in algorithms:
         meter = comm.TrafficMeter() if job.inter_node_gbps is not None else None
@@ -227,7 +268,9 @@ def rank_main(job: Job) -> list[dict] | None:
     groups = {w: dist.new_group(list(range(w))) if w < world else dist.group.WORLD for w in job.worlds}
     itemsize = torch.empty((), dtype=getattr(torch, job.dtype)).element_size()
     rows: list[dict] = []
-    with comm.configure(checks=False, transport=job.transport, ranks_per_node=job.ranks_per_node,
+    # Every scratch request from the arena: one cell runs at a time, its calls repeated hundreds of
+    # times, so they reuse one set of pages instead of faulting fresh ones in (and fragmenting the heap).
+    with comm.configure(checks=False, transport=job.transport, ranks_per_node=job.ranks_per_node, arena_max_bytes=None,
                         inter_node_gbps=job.inter_node_gbps,
                         inter_node_latency_us=job.inter_node_latency_us):
         for w in job.worlds:

@@ -40,8 +40,8 @@ from ringzero.comm.transport.preflight import transport_for
 from ringzero.plan.model.activations import head_bytes, layer_bytes, layer_terms
 from ringzero.plan.model.shapes import ModelShape
 from ringzero.run.config import TrainConfig
-from ringzero.bench import compress_peer
-from ringzero.bench.train_job import PP_SCHEDULES, Job
+from ringzero.bench import compress_peer, zeropp
+from ringzero.bench.train_job import PP_SCHEDULES, Job, check_steps
 from ringzero.bench.train_report import print_report
 
 DEFAULT_SUITES = ("dp", "zero3", "recompute")
@@ -63,9 +63,9 @@ PP_TARGETS = {f"pp_{s}_time_vs_torch": (f"ringzero {s} step time / torch.distrib
 
 def add_arguments(parser) -> None:
     a = parser.add_argument
-    a("--nproc", type=int, default=2, help="local ranks (default 2)")
+    a("--nproc", type=int, default=2, help="local ranks every variant trains on (default 2)")
     a("--model", default="micro", help="model preset for dp/zero3 (default micro: 6 x 256, 4.8M params)")
-    a("--seq", type=int, default=64, help="sequence length (default 64)")
+    a("--seq", type=int, default=64, help="sequence length of the model the variants train, in tokens (the recompute suite's: --rc-seq; default 64)")
     a("--micro-batch", type=int, default=2, help="sequences per rank per step (default 2)")
     a("--steps", type=int, default=14, help="steps per variant, warm-up included (default 14, at least 2)")
     a("--skip", type=int, default=2, help="warm-up steps left out of the median (default 2)")
@@ -97,8 +97,7 @@ def add_arguments(parser) -> None:
     a("--zeropp", metavar="qwz,hpz,qgz", help="compare ZeRO++ with these options against ZeRO-3 (replaces the suites; --algorithm auto "
                                        "runs ring there, whose cross-node bytes the planner models)")
     a("--ranks-per-node", type=int, help="with --zeropp: emulate nodes of this many ranks")
-    a("--emulate-inter-node", metavar="GBPS[,LATENCY_US]",
-      help="with --zeropp: delay cross-node messages as a link of this bandwidth and latency would")
+    zeropp.add_link(a)
     a("--transport", default="auto", choices=TRANSPORTS, help="ringzero's messages: auto (default), shm or gloo")
     a("--json", metavar="FILE", help="also write the results as JSON to FILE")
     a("--timeout", type=float, default=1800.0, help="seconds before every rank is stopped")
@@ -121,8 +120,7 @@ def build_job(args):
     if args.tp != 1 and args.tp != args.nproc:
         raise ValueError(f"--tp {args.tp}: the comparison splits the model over every rank; give --tp equal to "
                          f"--nproc ({args.nproc}), or 1 for none")
-    if args.skip < 0 or args.steps <= max(1, args.skip) or args.rc_steps <= args.skip:
-        raise ValueError(f"--steps (>= 2) and --rc-steps must exceed --skip ({args.skip} >= 0)")
+    check_steps(args.steps, args.rc_steps, args.skip)
     cfg = TrainConfig(model=args.model, seq=args.seq, micro_batch=args.micro_batch, steps=args.steps,
                       bucket_mb=args.bucket_mb, comm_algorithm=args.algorithm, max_bytes=2**20, lr=args.lr,
                       warmup=min(10, args.steps), transport=transport_for(args.transport, [args.nproc], False)[0])

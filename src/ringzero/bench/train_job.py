@@ -16,6 +16,17 @@ PP_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 """The schedules of the pipeline comparison (`--pp`), each against torch.distributed.pipelining's."""
 
 
+def check_steps(steps: int, rc_steps: int, skip: int) -> None:
+    """A one-line ValueError naming the step count that leaves no step to time, and its value: each
+    suite's median needs a step after the `skip` warm-up ones (and --steps at least 2)."""
+    if skip < 0:
+        raise ValueError(f"--skip must be >= 0 warm-up steps, got {skip}")
+    if steps <= max(1, skip):
+        raise ValueError(f"--steps must be at least 2 and more than --skip ({skip}), got {steps}")
+    if rc_steps <= skip:
+        raise ValueError(f"--rc-steps must be more than --skip ({skip}), got {rc_steps}")
+
+
 @dataclass(frozen=True)
 class Job:
     """What every rank runs (built and validated by `bench.train` before any rank starts)."""

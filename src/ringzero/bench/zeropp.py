@@ -25,6 +25,14 @@ ALGORITHM = "ring"
 cross-node twin in `plan.comm.links` (auto may pick one that has none)."""
 
 
+def add_link(a) -> None:
+    """The comparison's --emulate-inter-node, read by `plan.units`' one bandwidth rule."""
+    from ringzero.plan.units import BandwidthFlag
+    a("--emulate-inter-node", metavar="BW[,LATENCY_US]", type=BandwidthFlag("--emulate-inter-node", link=True),
+      help="with --zeropp: delay cross-node messages as a link of this bandwidth (a plain number: GB/s) and "
+           "latency (µs) would")
+
+
 def build(args) -> tuple[TrainConfig, TrainConfig]:
     """(ZeRO-3, ZeRO-3 with ZeRO++) from the command line; one-line ValueError when a value is wrong."""
     from ringzero.commands.train_args import inter_node_link
@@ -82,6 +90,7 @@ def benchmark(args) -> dict:
     base_cfg, plus_cfg = cfgs
     return {"nproc": args.nproc, "ranks_per_node": base_cfg.parallel.ranks_per_node,
             "zeropp": list(plus_cfg.zero.zeropp), "emulate_inter_node": base_cfg.parallel.emulate_inter_node,
+            "link": None if args.emulate_inter_node is None else str(args.emulate_inter_node),
             "model": base_cfg.model.name, "steps": base_cfg.training.steps,
             "zero3": base, "zeropp_run": plus,
             "ratios": {"cross_node_bytes": plus["cross_node_bytes"] / base["cross_node_bytes"]
@@ -93,10 +102,9 @@ def benchmark(args) -> dict:
 def print_report(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
-    link = result["emulate_inter_node"]
+    link = result.get("link")               # as the user gave it
     t = Table(title=f"ZeRO++ ({','.join(result['zeropp'])}) vs ZeRO-3: {result['nproc']} ranks, "
-                    f"{result['ranks_per_node']} per node, " + (f"inter-node link {link[0]:g} GB/s + {link[1]:g} µs"
-                                                                 if link else "no link emulation"))
+                    f"{result['ranks_per_node']} per node, " + (f"inter-node link {link}" if link else "no link emulation"))
     for col in ("variant", "step time", "cross-node bytes/step (predicted)", "intra-node bytes/step", "final loss"):
         t.add_column(col, justify="left" if col == "variant" else "right")
     for name, key in (("ZeRO-3", "zero3"), ("ZeRO++", "zeropp_run")):

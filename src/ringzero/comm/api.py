@@ -109,6 +109,19 @@ def _comm(collective, algorithm, group, ref: torch.Tensor, op: Op) -> TorchComm:
     return c
 
 
+def work(c: TorchComm, tensors=(), extra: int = 0) -> torch.Tensor:
+    """A call's flat work buffer from `c`'s scratch arena (`TorchComm.empty`): `tensors` one after
+    another, then `extra` elements left as they are, in one request. A fresh buffer per call would
+    fault its pages in on every call, and repeated large aligned allocations fragment glibc's heap
+    under `ringzero.allocator`'s thresholds (up to 8 copies held, in `ringzero bench comm`)."""
+    buf = c.empty(sum(t.numel() for t in tensors) + extra)
+    at = 0
+    for t in tensors:
+        buf[at:at + t.numel()].copy_(t.reshape(-1))
+        at += t.numel()
+    return buf
+
+
 def _torch_call(collective: str, fn, *args, **kwargs):
     add(active_entries(f"{collective}/torch"), calls=1)
     fn(*args, **kwargs)
@@ -147,13 +160,14 @@ def reduce(tensor, dst, op=SUM, group=None, algorithm="auto"):
     n, rank, call, algorithm = prep
     # Non-root ranks work on a copy: algorithms accumulate into their buffer, and a caller's input
     # on a non-root rank is left as it was.
-    flat = _flat(tensor) if rank == dst else tensor.reshape(-1).clone()
     if algorithm == "torch":
+        flat = _flat(tensor) if rank == dst else tensor.reshape(-1).clone()
         gdst = dist.get_global_rank(group, dst) if group is not None else dst
         _torch_call("reduce", dist.reduce, flat, gdst, op=torch_op(call.op), group=group)
     else:
-        registry.resolve("reduce", algorithm)(_comm("reduce", algorithm, group, flat, call.op),
-                                             flat, chunk_bounds(flat.numel(), n), dst)
+        c = _comm("reduce", algorithm, group, tensor, call.op)
+        flat = _flat(tensor) if rank == dst else work(c, [tensor])
+        registry.resolve("reduce", algorithm)(c, flat, chunk_bounds(flat.numel(), n), dst)
     if rank == dst:
         _copy_back(tensor, flat)
         _avg(tensor, call.op, n)
@@ -232,10 +246,11 @@ def all_gather(tensor_list, tensor, group=None, algorithm="auto"):
     if algorithm == "torch":
         return _torch_call("all_gather", dist.all_gather, tensor_list, tensor, group=group)
     bounds = bounds_from_sizes(call.sizes)
-    flat = torch.empty(bounds[-1], dtype=tensor.dtype, device=tensor.device)
+    c = _comm("all_gather", algorithm, group, tensor, Op.SUM)
+    flat = work(c, extra=bounds[-1])
     flat[bounds[rank]:bounds[rank + 1]].copy_(tensor.reshape(-1))
     if bounds[-1]:
-        _gather_like("all_gather", algorithm, group, flat, bounds)
+        registry.resolve("all_gather", algorithm)(c, flat, bounds)
     for i, t in enumerate(tensor_list):
         t.copy_(flat[bounds[i]:bounds[i + 1]].view(t.shape))
 

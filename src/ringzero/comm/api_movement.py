@@ -11,15 +11,9 @@ import torch.distributed as dist
 
 from ringzero.plan.comm.chunks import bounds_from_sizes
 from ringzero.comm import backend, registry
-from ringzero.comm.api import SUM, _avg, _comm, _list_sizes, _prepare, _torch_call, _torch_needs_equal
+from ringzero.comm.api import SUM, _avg, _comm, _list_sizes, _prepare, _torch_call, _torch_needs_equal, work
 from ringzero.comm.flight import recorded
 from ringzero.comm.ops import Op, parse_op, torch_op
-
-
-def _cat(tensors, dtype, device) -> torch.Tensor:
-    if not tensors:
-        return torch.empty(0, dtype=dtype, device=device)
-    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 @recorded("reduce_scatter_tensor")
@@ -39,9 +33,9 @@ def reduce_scatter_tensor(output, input, op=SUM, group=None, algorithm="auto"):
         _torch_call("reduce_scatter", backend.reduce_scatter_single, output, input, op=torch_op(call.op),
                     group=group)
     else:
-        work = input.reshape(-1).clone()  # the algorithm reduces in place; the input stays intact
-        bounds = bounds_from_sizes([output.numel()] * n)
-        _reduce_scatter(algorithm, group, work, bounds, rank, output, call.op)
+        c = _comm("reduce_scatter", algorithm, group, input, call.op)
+        buf = work(c, [input])  # the algorithm reduces in place; the input stays intact
+        _reduce_scatter(algorithm, c, buf, bounds_from_sizes([output.numel()] * n), rank, output)
     _avg(output, call.op, n)
 
 
@@ -61,16 +55,15 @@ def reduce_scatter(output, input_list, op=SUM, group=None, algorithm="auto"):
         _torch_call("reduce_scatter", dist.reduce_scatter, output, input_list, op=torch_op(call.op),
                     group=group)
     else:
-        work = _cat(input_list, output.dtype, output.device)
-        _reduce_scatter(algorithm, group, work, bounds_from_sizes(call.sizes), rank, output, call.op)
+        c = _comm("reduce_scatter", algorithm, group, output, call.op)
+        _reduce_scatter(algorithm, c, work(c, input_list), bounds_from_sizes(call.sizes), rank, output)
     _avg(output, call.op, n)
 
 
-def _reduce_scatter(algorithm, group, work, bounds, rank, output, op) -> None:
-    """Run the algorithm on the whole `work` buffer and copy this rank's reduced chunk to `output`."""
-    registry.resolve("reduce_scatter", algorithm)(_comm("reduce_scatter", algorithm, group, work, op),
-                                                 work, bounds)
-    output.copy_(work[bounds[rank]:bounds[rank + 1]].view(output.shape))
+def _reduce_scatter(algorithm, c, buf, bounds, rank, output) -> None:
+    """Run the algorithm on the whole `buf` and copy this rank's reduced chunk to `output`."""
+    registry.resolve("reduce_scatter", algorithm)(c, buf, bounds)
+    output.copy_(buf[bounds[rank]:bounds[rank + 1]].view(output.shape))
 
 
 def _rooted(collective, role, tensor, lst, root, n, rank):
@@ -108,12 +101,13 @@ def gather(tensor, gather_list=None, dst=0, group=None, algorithm="auto"):
         return
     n, rank, algorithm = prep
     bounds = bounds_from_sizes([tensor.numel()] * n)
-    work = torch.empty(bounds[-1], dtype=tensor.dtype, device=tensor.device)
-    work[bounds[rank]:bounds[rank + 1]].copy_(tensor.reshape(-1))
-    registry.resolve("gather", algorithm)(_comm("gather", algorithm, group, work, Op.SUM), work, bounds, dst)
+    c = _comm("gather", algorithm, group, tensor, Op.SUM)
+    buf = work(c, extra=bounds[-1])
+    buf[bounds[rank]:bounds[rank + 1]].copy_(tensor.reshape(-1))
+    registry.resolve("gather", algorithm)(c, buf, bounds, dst)
     if rank == dst:
         for i, t in enumerate(gather_list):
-            t.copy_(work[bounds[i]:bounds[i + 1]].view(t.shape))
+            t.copy_(buf[bounds[i]:bounds[i + 1]].view(t.shape))
 
 
 @recorded("scatter")
@@ -124,12 +118,10 @@ def scatter(tensor, scatter_list=None, src=0, group=None, algorithm="auto"):
         return
     n, rank, algorithm = prep
     bounds = bounds_from_sizes([tensor.numel()] * n)
-    if rank == src:
-        work = _cat(scatter_list, tensor.dtype, tensor.device)
-    else:
-        work = torch.empty(bounds[-1], dtype=tensor.dtype, device=tensor.device)
-    registry.resolve("scatter", algorithm)(_comm("scatter", algorithm, group, work, Op.SUM), work, bounds, src)
-    tensor.copy_(work[bounds[rank]:bounds[rank + 1]].view(tensor.shape))
+    c = _comm("scatter", algorithm, group, tensor, Op.SUM)
+    buf = work(c, scatter_list) if rank == src else work(c, extra=bounds[-1])
+    registry.resolve("scatter", algorithm)(c, buf, bounds, src)
+    tensor.copy_(buf[bounds[rank]:bounds[rank + 1]].view(tensor.shape))
 
 
 @recorded("all_to_all")
@@ -154,11 +146,10 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, algorithm="aut
     _, _, call, algorithm = prep
     if algorithm == "torch":
         return _torch_call("all_to_all", dist.all_to_all, output_tensor_list, input_tensor_list, group=group)
-    ref = input_tensor_list[0]
-    sbuf = _cat(input_tensor_list, ref.dtype, ref.device)
-    rbuf = torch.empty(sum(call.recv), dtype=ref.dtype, device=ref.device)
+    c = _comm("all_to_all", algorithm, group, input_tensor_list[0], Op.SUM)
+    both = work(c, input_tensor_list, extra=sum(call.recv))
+    sbuf, rbuf = both[:sum(call.send)], both[sum(call.send):]
     rbounds = bounds_from_sizes(call.recv)
-    registry.resolve("all_to_all", algorithm)(_comm("all_to_all", algorithm, group, sbuf, Op.SUM),
-                                             sbuf, bounds_from_sizes(call.send), rbuf, rbounds)
+    registry.resolve("all_to_all", algorithm)(c, sbuf, bounds_from_sizes(call.send), rbuf, rbounds)
     for i, t in enumerate(output_tensor_list):
         t.copy_(rbuf[rbounds[i]:rbounds[i + 1]].view(t.shape))

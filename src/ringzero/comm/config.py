@@ -76,7 +76,17 @@ class CommConfig:
     hosts is an error), "gloo" (the backend's point-to-point everywhere). CUDA tensors under NCCL
     always take NCCL. Default: RINGZERO_TRANSPORT, else auto."""
 
+    arena_max_bytes: int | None = 64 << 20
+    """Scratch requests of a collective (`TorchComm.empty`: the algorithms' receive buffers, the
+    work copies of reduce, reduce-scatter, gather, scatter and all-to-all) up to this many bytes
+    come from a per-thread arena kept across calls, so repeated calls touch the same pages; larger
+    ones are plain allocations, so the arena never pins more than about twice this. None: every
+    request from the arena, which then holds the largest call's scratch (what `ringzero bench comm`
+    runs: one collective at a time, each repeated hundreds of times)."""
+
     def __post_init__(self) -> None:
+        if self.arena_max_bytes is not None and not (_number(self.arena_max_bytes) and self.arena_max_bytes >= 0):
+            raise ValueError(f"arena_max_bytes must be bytes >= 0, or None, got {self.arena_max_bytes!r}")
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, got {self.transport!r}")
         if self.ranks_per_node is not None and self.ranks_per_node < 1:

@@ -36,8 +36,17 @@ from ringzero.comm.ops import Op, reducer
 _ARENAS = threading.local()
 """Each thread's scratch arenas, by (dtype, device): tensor parallelism runs collectives on the
 compute thread while the data-parallel ones run on the communication thread, each with its own."""
-ARENA_MAX_BYTES = 64 << 20
-"""Scratch requests above this are plain allocations, so the arena never pins more than ~2x it."""
+
+
+def reserve(dtype: torch.dtype, device, n: int) -> None:
+    """Make this thread's scratch arena for (dtype, device) at least `n` elements now. A caller that
+    knows the most scratch its next calls take (`ringzero bench comm`, per cell) sizes it once: an
+    arena grown inside a call holds the old one and the new one together until the call returns.
+    The pages are touched only as calls use them."""
+    arenas, key = _ARENAS.__dict__, (dtype, torch.device(device))
+    if arenas.get(key) is None or arenas[key].numel() < n:
+        arenas.pop(key, None)                 # freed before the larger one is made
+        arenas[key] = torch.empty(n, dtype=dtype, device=device)
 
 
 class Pending:
@@ -80,6 +89,7 @@ class TorchComm:
         self._arena_used = 0
         add(self._meters, calls=1)
         cfg = get_config()
+        self._arena_max = cfg.arena_max_bytes
         self._link = link_emulator.link_for(cfg)
         # Per group rank: is that peer on another node? Only built when someone will ask.
         self._cross = None
@@ -105,9 +115,10 @@ class TorchComm:
         ~100 ms here, more than the all-reduce itself: `python -m timeit -n 5 -s "import torch;
         t = torch.randn(16 * 2**20)" "t.clone()"` against `ringzero bench comm --nproc 4
         --collective all_reduce --sizes 64MiB`), so collectives reuse one arena; it grows
-        to the largest scratch any call needed. One collective runs at a time per thread.
+        to the largest scratch any call needed (up to `CommConfig.arena_max_bytes` a request). One
+        collective runs at a time per thread.
         """
-        if n * self.itemsize > ARENA_MAX_BYTES:
+        if self._arena_max is not None and n * self.itemsize > self._arena_max:
             return torch.empty(n, dtype=self.dtype, device=self.device)
         start, self._arena_used = self._arena_used, self._arena_used + n
         key = (self.dtype, self.device)
