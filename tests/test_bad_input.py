@@ -19,10 +19,10 @@ MANIFEST = {"format": "ringzero.checkpoint/1", "step": 1, "layout": {}, "config"
                 {"file": "rank-00000.safetensors", "key": "w", "flat": [0, 4], "tp": None}]}}}
 
 
-def _manifest(flat=(0, 4), file="rank-00000.safetensors", dtype="float32", **top) -> str:
+def _manifest(flat=(0, 4), file="rank-00000.safetensors", dtype="float32", shape=(2, 2), **top) -> str:
     d = json.loads(json.dumps(MANIFEST))
     d["tensors"]["param/w"]["pieces"][0].update(flat=list(flat), file=file)
-    d["tensors"]["param/w"]["dtype"] = dtype
+    d["tensors"]["param/w"].update(dtype=dtype, shape=list(shape))
     return json.dumps({**d, **top})
 
 
@@ -45,7 +45,7 @@ CHECKPOINTS = {
     "badfile": (_manifest(), b"not a safetensors file"),
     "ok": (_manifest(), _safetensors()),
     "gap": (_manifest(flat=(0, 2)), _safetensors(2)),   # pieces leave half the tensor uncovered
-    "header": (_manifest(flat=(0, 2)), _safetensors()),  # a piece of 2 elements, a tensor of 4 in the file
+    "header": (_manifest(flat=(0, 2), shape=(2,)), _safetensors()),  # a piece of 2 elements, a tensor of 4 in the file
 }
 # DeepSpeed configs under ds/
 CONFIGS = {
@@ -128,9 +128,12 @@ CASES = [
     ("train --timeout 0", "--timeout must be > 0 seconds"),
     ("train --stall-timeout -5", "--stall-timeout must be > 0 seconds"),
     ("train --pipeline-cost abc", "--pipeline-cost 'abc': give forward and backward milliseconds"),
-    ("train --emulate-inter-node 0", "give GB/s > 0"),
+    ("train --emulate-inter-node 0", "--emulate-inter-node must be > 0, got '0'"),
     ("train --zeropp bogus --strategy zero3", "zeropp 'bogus': allowed any of qwz, hpz, qgz"),
     ("train --resume", "--resume without a folder"),
+    ("train --strategey zero2", "unrecognized arguments: --strategey zero2; did you mean --strategy?"),
+    ("plan --modle llama-2-7b", "unrecognized arguments: --modle llama-2-7b; did you mean --model?"),
+    ("simulate collective --gpus 16 --nvlnk-bw 5", "did you mean --nvlink-bw?"),
     ("train --layout auto --tp 2 --nproc 2", "--layout auto chooses --tp itself"),
     ("train --nproc 2 --dp 3", "dp x tp = 3 x 1 = 3 must equal the 2 ranks"),
     ("train --strategy ps --nproc 2", "needs servers >= 1"),
@@ -167,7 +170,7 @@ CASES = [
     ("bench comm --plot nodir/x.png", "--plot 'nodir/x.png': folder"),
     ("bench comm --calibrate --out nodir/cal.json", "--out 'nodir/cal.json': folder"),
     ("bench comm --out cal.json", "--out names the calibration file: it needs --calibrate"),
-    ("bench comm --emulate-inter-node 0", "--emulate-inter-node takes GBPS[,LATENCY_US]"),
+    ("bench comm --emulate-inter-node 0", "--emulate-inter-node must be > 0, got '0'"),
     ("bench comm --sizes 2 --collective all_reduce", "size 2 B holds no float32 element per rank"),
     ("bench train --nproc 1", "--nproc must be at least 2 for dp and zero3"),
     ("bench train --suites foo", "--suites 'foo': allowed dp, zero3, recompute"),
@@ -208,6 +211,7 @@ CASES = [
     ("checkpoint consolidate ck/nofile --out m.safetensors", "lists rank-00000.safetensors, which is missing"),
     ("checkpoint consolidate ck/badfile --out m.safetensors", "cannot read"),
     ("checkpoint consolidate ck/gap --out m.safetensors", "is incomplete"),
+    ("checkpoint inspect ck/gap --verify", "tensor 'param/w' is incomplete: elements [2, 4) of its 4 are in no piece"),
     ("checkpoint consolidate ck/header --out m.safetensors", "tensor 'w' is F32 x 4 in the file, F32 x 2 in the manifest"),
     ("checkpoint consolidate ck/ok", "the following arguments are required: --out"),
 ]

@@ -60,8 +60,9 @@ def eight_gib(monkeypatch):
 def test_bench_comm_refuses_sizes_beyond_the_memory_available(cwd, capsys, eight_gib):
     line = refused(capsys, cwd, ["bench", "comm", "--nproc", "2", "--collective", "all_reduce", "--sizes", "1KiB,100GiB"],
                    "2 ranks need about", "100 GiB", "8.0 GiB is available", "--force")
-    from ringzero.bench.comm_memory import rank_bytes
-    assert f"{2 * rank_bytes(100 * GIB) / GIB:.1f} GiB" in line
+    from ringzero.bench.comm_memory import factor, rank_bytes
+    per_byte = factor([("all_reduce", ("auto",))], [2])
+    assert f"{2 * rank_bytes(100 * GIB, per_byte) / GIB:.1f} GiB" in line
 
 
 def test_bench_comm_force_skips_the_memory_check_only(cwd, capsys, eight_gib):
@@ -71,8 +72,9 @@ def test_bench_comm_force_skips_the_memory_check_only(cwd, capsys, eight_gib):
 
 def test_bench_comm_memory_grows_with_the_ranks_and_the_largest_size():
     from ringzero.bench import comm_memory
-    assert comm_memory.check((GIB, 4096), 4, force=True) == 4 * comm_memory.rank_bytes(GIB)
-    assert comm_memory.rank_bytes(2 * GIB) - comm_memory.rank_bytes(GIB) == comm_memory.CELL_FACTOR * GIB
+    ring = [("all_reduce", ("ring",))]
+    assert comm_memory.check((GIB, 4096), 4, ring, [4], force=True) == 4 * comm_memory.rank_bytes(GIB, 3.25)
+    assert comm_memory.rank_bytes(2 * GIB, 3.25) - comm_memory.rank_bytes(GIB, 3.25) == 3.25 * GIB
 
 
 # 4: parameter servers: one rule for plan and train
@@ -147,11 +149,11 @@ def test_train_accepts_an_svg_pipeline_plot(cwd, capsys):
 
 @pytest.mark.parametrize("argv, expected", [
     (["train", "--straggler", "-1:2"], "straggler must be (rank >= 0, factor >= 1), got (-1, 2.0)"),
-    (["train", "--pipeline-cost", "-1,5"], "pipeline_cost must be two seconds >= 0"),
+    (["train", "--pipeline-cost", "-1,5"], "--pipeline-cost '-1,5': give forward and backward milliseconds >= 0"),
     (["train", "--inject-nonfinite", "-1:2"], "inject_nonfinite must be (rank >= 0, step >= 0)"),
     (["train", "--inject-kill", "-1:0"], "inject_kill must be (rank >= 0, step >= 0)"),
-    (["train", "--emulate-inter-node", "-1,5"], "--emulate-inter-node '-1,5': give GB/s > 0"),
-    (["bench", "comm", "--emulate-inter-node", "-1,5"], "--emulate-inter-node takes GBPS[,LATENCY_US]"),
+    (["train", "--emulate-inter-node", "-1,5"], "--emulate-inter-node must be > 0, got '-1'"),
+    (["bench", "comm", "--emulate-inter-node", "-1,5"], "--emulate-inter-node must be > 0, got '-1'"),
     (["bench", "comm", "--worlds", "-2,4"], "--worlds must lie in 1..--nproc (4), got -2"),
     (["bench", "ps", "--staleness", "-1,2"], "staleness must be an integer >= 0"),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) else None)

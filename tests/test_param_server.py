@@ -140,8 +140,7 @@ def test_bad_input_is_one_line_before_any_rank_starts(capsys, tmp_path, argv, wo
 def test_train_command_prints_the_ranks_table_and_writes_the_twins(capsys, tmp_path):
     out = tmp_path / "ps.json"
     code = cli.main(["train", "--nproc", "2", "--strategy", "ps", "--servers", "1", "--ps-mode", "ssp",
-                     "--staleness", "1", "--straggler", "1:2", *QUICK, "--steps", "4", "--json-report", str(out),
-                     "--quiet"])
+                     "--staleness", "1", "--straggler", "1:2", *QUICK, "--steps", "4", "--json-report", str(out)])
     text = capsys.readouterr().out
     assert code == 0 and "parameter server, ssp S=1" in text and "staleness" in text
     import json

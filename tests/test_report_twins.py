@@ -1,7 +1,8 @@
 """The report's time twins and what every report says, in every feature:
 
 - an injected straggler's extra compute is in the predicted step, and the table's phases add up to
-  the step (its own row for the straggler's extra compute, "rest of the step" for the remainder);
+  the step (its own row for the straggler's extra compute, "rest of the step" for the remainder,
+  taken per step and then its median, never negative);
 - the table of ranks' "exposed communication" is the twin table's, under tensor parallelism too;
 - the cross-node byte twins appear with `--comm-algorithm auto` on emulated nodes, whatever it picks
   (`plan.comm.links` models the trees and the recursive algorithms);
@@ -29,6 +30,7 @@ from ringzero.twin import zero as report_zero
 from ringzero.run.config import TrainConfig
 from ringzero.train.engine import RankResult
 from ringzero.train.rank import train_rank
+from ringzero.train.steps import summarise
 
 from test_links import _prefix, _flatten
 
@@ -86,12 +88,31 @@ def test_a_straggler_run_predicts_its_step_and_its_phases_add_up(pool, strategy)
     phases, step = _phases(rows), by["step time"]
     assert any(t.name.startswith("straggler's extra compute") for t in phases)
     assert sum(t.predicted for t in phases) == pytest.approx(step.predicted)
-    assert sum(t.measured for t in phases) == pytest.approx(step.measured)
+    # medians of the rows: they add up to each step, to the median step only about
+    assert sum(t.measured for t in phases) == pytest.approx(step.measured, rel=0.15)
     rest = by[report.REST].measured
-    assert abs(rest) < 0.15 * step.measured, (rest, step.measured)      # the phases hold the step
+    assert 0 <= rest < 0.15 * step.measured, (rest, step.measured)      # the phases hold the step
     # Without the straggler's term the step is predicted at a fifth (error +400 %); with it, a quiet
     # machine measures +5 to +40 %, and the busy core of a full suite run has measured +56 %.
     assert abs(step.error) < 1.0, (step.predicted, step.measured)
+
+
+class _Layout:
+    def layout(self):
+        return []
+
+
+def test_the_rest_of_the_step_is_each_steps_rest_then_its_median():
+    """Medians do not add: steps whose forward and optimizer ran long in turn put the phases'
+    medians (6 + 6 ms) past the median step (9.5 ms), which left a rest of -2.5 ms; per step it is
+    0.5 ms each time."""
+    warm = [dict(forward=1e-3, backward=0.0, comm=0.0, optimizer=0.0, pipeline_wait=0.0, straggler=0.0)] * 2
+    steady = [dict(warm[0], forward=f * 1e-3, optimizer=o * 1e-3) for f, o in ((6, 3), (3, 6), (6, 6))]
+    res = RankResult(rank=0, calls=[Timeline()] * 5, compress_s=[None] * 5)
+    summarise(res, [2e-3, 2e-3, 9.5e-3, 9.5e-3, 12.5e-3], warm + steady, _Layout())
+    assert res.step_time == pytest.approx(9.5e-3)
+    rows = report.phase_twins(TrainConfig(**BASE), res, dict(compute=0.0, comm=0.0, optimizer=0.0))
+    assert rows[-1].name == report.REST and rows[-1].measured == pytest.approx(0.5e-3)
 
 
 # -- the table of ranks' communication -------------------------------------------------------------

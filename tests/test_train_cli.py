@@ -85,7 +85,8 @@ def test_deepspeed_config_maps_to_train_config(tmp_path):
                                                   "weight_decay": 0.01}}})
     cfg = from_deepspeed(path, world=2)
     assert cfg == TrainConfig(micro_batch=4, grad_accum=2, clip=0.5, strategy="zero2", precision="bf16",
-                              lr=1e-3, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01, log_every=10)
+                              lr=1e-3, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01, log_every=10,
+                              warmup=0, lr_schedule="constant")      # no scheduler: the optimizer's lr from step 1
     assert cfg.global_batch(2) == 16
 
 

@@ -212,7 +212,7 @@ def test_train_command_draws_the_schedule_and_reports_the_pipeline(capsys, tmp_p
     pipeline section with one timeline per stage, and the twins table with per-stage rows."""
     plot, out = tmp_path / "schedule.png", tmp_path / "report.json"
     code = cli.main(["train", "--nproc", "2", "--pp", "2", "--grad-accum", "4", "--steps", "3", "--seq", "16",
-                     "--micro-batch", "1", "--max-bytes", "65536", "--layers", "4", "--quiet",
+                     "--micro-batch", "1", "--max-bytes", "65536", "--layers", "4",
                      "--pipeline-plot", str(plot), "--json-report", str(out)])
     text = capsys.readouterr().out
     assert code == 0, text

@@ -7,11 +7,13 @@ the error's sign. Nothing here asserts on time, only on what was probed and how 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 
 import pytest
 import torch
 
+from ringzero import cli
 from ringzero.plan.model import flops
 from ringzero.plan.model.shapes import param_count
 from ringzero.train import probe
@@ -180,3 +182,29 @@ def test_tensor_parallel_layers_and_a_straggler_are_probed_as_the_step_runs_them
     # plain dp over the dp group: every collective inside compute is a tp one, each scaled by it
     assert with_pass["in_compute"] == pytest.approx(ratio * without["in_compute"])
     assert with_pass["exposed"] == without["exposed"]
+
+
+def _probes(*steps_ms: float) -> dict:
+    return {"points": [{"predicted": {"step": ms / 1e3}} for ms in steps_ms]}
+
+
+def test_a_run_whose_probes_saw_the_load_move_says_its_step_twin_is_not_held():
+    """When half the probe points' predictions lie more than the step twin's bound from their median,
+    the report says why it cannot hold it (its JSON's `not_held`, `ringzero train`'s "not held:"); one
+    outlying point, however far, does not (a range would widen with every point)."""
+    assert probe_rates.unsteady(_probes(476, 484, 507, 515)) is None               # 3 %: the load stayed put
+    assert probe_rates.unsteady(_probes(465, 479, 538, 703)) is None               # one point out: 7 %
+    assert probe_rates.unsteady({"points": [], "spread": {}, "cost_s": 0.0}) is None
+    line = probe_rates.unsteady(_probes(467, 580, 1004, 1071))                    # 31 %
+    assert line.startswith("step time within 15%") and "the 4 probe points spans 467.0-1,071.0 ms" in line, line
+    assert "half of them 31% or more from their median, past 15%" in line, line
+
+
+@pytest.mark.timeout(120)
+def test_train_prints_and_writes_what_it_does_not_hold(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(probe_rates, "STEP_BOUND", 0.0)             # every run's probes then move past it
+    path = tmp_path / "r.json"
+    assert cli.main(["train", "--model", "nano", "--seq", "16", "--micro-batch", "2", "--steps", "2",
+                     "--max-bytes", "65536", "--json-report", str(path), "--quiet"]) == 0
+    held = json.loads(path.read_text())["not_held"]
+    assert held.startswith("step time within 0%") and f"not held: {held[:40]}" in capsys.readouterr().out

@@ -8,6 +8,7 @@ for any model and cluster; and prints every predicted number beside its measured
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import signal
@@ -63,9 +64,35 @@ option of ringzero starts with a digit, so such a string is always a value."""
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, with a parse error as one line (exit 2) instead of the usage block and the error."""
+    """argparse, with a parse error as one line (exit 2) instead of the usage block and the error,
+    and a mistyped option answered with the closest of the command's own ("did you mean")."""
+
+    _close: dict[str, str] = {}
+    """Unknown option -> the closest option of the (sub)command that met it. argparse reports the
+    unknown arguments from the top-level parser, which does not hold a sub-command's options, so
+    each parser notes its guesses as it parses."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, extras = super().parse_known_args(args, namespace)
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        for token in extras:
+            flag = token.split("=", 1)[0]
+            if flag.startswith("--") and flag not in Parser._close:
+                close = difflib.get_close_matches(flag, options, n=1, cutoff=0.75)
+                if close:
+                    Parser._close[flag] = close[0]
+        return ns, extras
 
     def error(self, message: str):
+        # A flag's own type (`plan.units.BandwidthFlag`) names the flag already: say it once.
+        message = re.sub(r"^argument (--[\w-]+): (?=\1)", "", message)
+        if message.startswith("unrecognized arguments:"):
+            unknown = [t.split("=", 1)[0] for t in message.split(":", 1)[1].split()]
+            guesses = [(flag, Parser._close[flag]) for flag in unknown if flag in Parser._close]
+            if len(guesses) == 1:
+                message += f"; did you mean {guesses[0][1]}?"
+            elif guesses:
+                message += "; did you mean " + ", ".join(f"{g} for {f}" for f, g in guesses) + "?"
         print(f"ringzero: error: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 

@@ -20,25 +20,45 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 
 from ringzero.errors import usage
+from ringzero.plan.units import BandwidthFlag
 from ringzero.rank_io import in_torchrun
-from ringzero.run.config import STRATEGIES, TrainConfig, choices, flat_fields
+from ringzero.run.config import SECTIONS, STRATEGIES, TrainConfig, choices, flat_fields
+from ringzero.run.fields import docs
 from ringzero.run.deepspeed.reader import from_deepspeed
 from ringzero.run.kind import RunKind
 from ringzero.watchdog import WatchdogPolicy
-from ringzero.commands import train_args, train_log, train_outputs, train_restarts
+from ringzero.commands import train_args, train_log, train_notes, train_outputs, train_restarts
 from ringzero.commands.train_layout import auto_layout, layout_why
 
 FIELDS = {name: f for name, (_, f) in flat_fields().items()}
+HELP = {name: docs(SECTIONS[section]).get(f.name, "") for name, (section, f) in flat_fields().items()}
+"""Each field's docstring, written once under the field: its flag's help."""
 FLAGS = ("model", "seq", "attention", "dropout", "strategy", "precision", "recompute", "steps",
-         "micro_batch", "grad_accum", "lr", "warmup", "weight_decay", "clip", "bucket_mb",
+         "micro_batch", "grad_accum", "lr", "warmup", "lr_schedule", "weight_decay", "clip", "bucket_mb",
          "comm_algorithm", "transport", "eval_every", "eval_batches", "seed", "data", "max_bytes", "log_every", "tp", "dp",
          "layers", "pp", "schedule", "virtual_stages", "ranks_per_node", "hpz_partition", "qgz_bits", "prefetch",
          "offload_optimizer", "offload_params", "nvme_path", "offload_buffers", "servers", "ps_mode",
          "staleness", "save_dir", "save_every", "keep", "init_from", "max_nonfinite", "max_restarts",
          "compress", "powersgd_rank", "compress_start", "topk_fraction", "trace", "trace_steps", "profile")
+
+
+def flag_help(doc: str, default) -> str:
+    """A field's docstring as its flag's help, in argparse's style: no capital or full stop, a
+    field named by its flag, a pointer into the code (`plan.pipeline.schedule`) left to the
+    library's reader, "None" as not given (or dropped, when not giving it means the default); then
+    the default (a None's meaning is in the doc)."""
+    if default is not None:
+        doc = re.sub(r" \(None: [^)]*\)", "", doc)
+    text = re.sub(r" \(`[^`]*`\)", "", doc).replace("`", "").replace("None:", "not given:").rstrip(".")
+    text = re.sub(r"\b[a-z]+(?:_[a-z0-9]+)+\b", lambda m: "--" + m[0].replace("_", "-") if m[0] in FIELDS else m[0], text)
+    first = text.split(" ", 1)[0]
+    if first[:1].isupper() and first[1:].islower():
+        text = text[0].lower() + text[1:]
+    return (text + ("" if default is None else f" (default: {default})")).replace("%", "%%")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,7 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"slowest step so far) seconds; the first step within S (default {policy.floor_s:g})")
     p.add_argument("--force", action="store_true",
                    help="start even if the planner says the ranks do not fit in this machine's memory")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or log lines")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar, log lines or tables (the predicted-vs-measured twins, the waits); "
+                        "warnings, notes and the one-line results still print")
     p.add_argument("--checks", action="store_true",
                    help="verify before every collective that all ranks make the same call (one small "
                         "all-gather each: +12 %% step time on `make run`; also RINGZERO_CHECKS=1 or "
@@ -65,10 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for name in FLAGS:
         f = FIELDS[name]
         kind = {"int": int, "float": float, "int | None": int, "float | None": float}.get(str(f.type), str)
-        doc = " ".join((f.metadata or {}).get("help", "").split())
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=None, choices=allowed.get(name),
                        metavar=None if name in allowed else name.upper().replace("_", "-"),
-                       help=f"{doc + '; ' if doc else ''}default: {f.default!r}")
+                       help=flag_help(HELP[name], f.default))
 
 
     p.add_argument("--sequence-parallel", action="store_true", default=None,
@@ -81,9 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zeropp", metavar="qwz,hpz,qgz", default=None,
                    help="ZeRO++ on ZeRO-3: quantized weights (qwz), a node-local secondary weight partition "
                         "(hpz), quantized hierarchical gradients (qgz); any comma list")
-    p.add_argument("--emulate-inter-node", metavar="GBPS[,LATENCY_US]", default=None,
-                   help="delay every cross-node message as a link of this bandwidth (GB/s) and latency "
-                        "would (needs --ranks-per-node)")
+    p.add_argument("--emulate-inter-node", metavar="BW[,LATENCY_US]", default=None, type=BandwidthFlag("--emulate-inter-node", link=True),
+                   help="delay every cross-node message as a link of this bandwidth (e.g. 1GB/s, 10Gbit/s; a plain "
+                        "number: GB/s) and latency (µs) would (needs --ranks-per-node)")
     p.add_argument("--straggler", metavar="RANK:FACTOR", default=None,
                    help="slow this worker's compute by FACTOR >= 1 (a sleep of the difference: no CPU)")
     p.add_argument("--inject-nonfinite", metavar="RANK:STEP", default=None,
@@ -170,47 +191,16 @@ def check(args: argparse.Namespace, torchrun: bool) -> Job:
     train_outputs.check(args, cfg, inputs)
     if not torchrun and cfg.kind is not RunKind.PARAMETER_SERVER:
         footprint.check(cfg, world, force=args.force)
-        _offload_resources(cfg, world, args.quiet)
     data.check(len(data.corpus_bytes(cfg.training.data, cfg.training.max_bytes)), cfg.shape.seq)   # path and size, checked now
-    for line in preflight(train_restarts.torchrun_attempt(cfg, torchrun), world):
-        if not args.quiet and int(os.environ.get("RANK", "0")) == 0:
-            print(line, file=sys.stderr, flush=True)
-    cfg = _transport(cfg, world, torchrun, args.quiet)    # last: its note only for a run that starts
+    notes = list(preflight(train_restarts.torchrun_attempt(cfg, torchrun), world))   # every refusal before any note
+    if not torchrun and cfg.kind is not RunKind.PARAMETER_SERVER:
+        train_notes.offload_resources(cfg, world)      # says what offloading needs, then whether it has it
+    for line in notes:
+        train_notes.say(line)
+    train_notes.compression(cfg)
+    cfg = train_notes.transport(cfg, world, torchrun)    # last: its note only for a run that starts
     select.calibration(transport_of(cfg))     # a calibration made with another transport or host
     return Job(cfg, world, watch)
-
-
-
-def _transport(cfg: TrainConfig, world: int, torchrun: bool, quiet: bool) -> TrainConfig:
-    """The transport the ranks will use: --transport, unless auto must fall back to gloo (a
-    /dev/shm too small for the channels, said on stderr); one line and exit 2 if shm cannot run."""
-    from ringzero.comm.transport.preflight import grid_groups, transport_for
-    if cfg.kind is RunKind.PARAMETER_SERVER:
-        sizes = [world]
-    else:
-        pl = cfg.placement(world)
-        sizes = grid_groups(world, pl.dp, pl.tp, pl.pp)
-    chosen, note = transport_for(cfg.parallel.transport, sizes, torchrun)
-    if note and not quiet:
-        print(note, file=sys.stderr, flush=True)
-    return cfg if chosen == cfg.parallel.transport else dataclasses.replace(cfg, transport=chosen)
-
-
-def _offload_resources(cfg: TrainConfig, world: int, quiet: bool) -> None:
-    """Before any rank starts: say what offloading will need (`twin.offload.offload_needs`), and fail
-    in one line when the host memory or the drive under nvme_path does not have it."""
-    if cfg.zero.offload_optimizer == "none" and cfg.zero.offload_params == "none":
-        return
-    from ringzero.parallel.offload.config import OffloadConfig, check_offload
-    from ringzero.twin.offload import offload_needs
-    host, disk = offload_needs(cfg, world)
-    check_offload(OffloadConfig(device="nvme" if disk else "cpu", nvme_path=cfg.zero.nvme_path if disk else None),
-                  host, disk)
-    if not quiet:
-        where = f" and {disk / 2**30:.3f} GiB on disk under {cfg.zero.nvme_path}" if disk else ""
-        print(f"ringzero: offload ({cfg.zero.offload_optimizer} optimizer, {cfg.zero.offload_params} parameters) needs "
-              f"{host / 2**30:.3f} GiB of host memory{where} for {world} rank{'s' if world > 1 else ''}",
-              file=sys.stderr, flush=True)
 
 
 def _rank_main(cfg: TrainConfig, quiet: bool, torchrun: bool, checks: bool = False):
@@ -249,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     if not torchrun and not args.quiet:      # said before torch is imported: spawning many ranks is slow
         how = "gloo on loopback" if cfg.parallel.transport == "gloo" or world == 1 else "shared memory"
         print(f"ringzero: starting {world} local rank{'s' if world > 1 else ''} ({how}) for "
-              f"{cfg.training.steps} steps", file=sys.stderr, flush=True)
+              f"{cfg.training.steps} steps{train_args.emulated(args)}", file=sys.stderr, flush=True)
     results = train_restarts.run(_rank_main, cfg, world, args, torchrun, job.watch)
     if torchrun:
         if int(os.environ["RANK"]):
@@ -260,26 +250,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(cfg: TrainConfig, world: int, results: list, args: argparse.Namespace) -> None:
+    import io
+
     from rich.console import Console
 
     from ringzero import outputs
     from ringzero.twin import report
     from ringzero.twin import wait as report_wait
+    from ringzero.twin.rates import unsteady
     console, path = Console(), args.json_report
+    tables = Console(file=io.StringIO()) if args.quiet else console   # --quiet: built for the reports, unseen
     if cfg.trace.trace:            # the workers' traces (a parameter server's servers serve untraced)
         from ringzero.trace.write import write_traces
         write_traces(cfg.trace.trace, [r.trace for r in results if r.trace])
-        console.print(f"wrote {cfg.trace.trace}/rank<R>.json and merged.json")
+        console.print(f"wrote {os.path.join(cfg.trace.trace, 'merged.json')} and "
+                      f"{os.path.join(cfg.trace.trace, 'ranks', 'rank<R>.json')}")
     if cfg.kind is RunKind.PARAMETER_SERVER:
         from ringzero.twin import ps as report_ps
-        return report_ps.report(cfg, world, results, path, console)
+        return report_ps.report(cfg, world, results, path, console, tables)
     console.print(report.validation_line(cfg, results[0].val))
     rows = report.twins(cfg, world, results)
     probes = report.probe_summary(cfg, world, results)
-    report.render(rows, console, probes, report.shown_rank(cfg, results))
+    report.render(rows, tables, probes, report.shown_rank(cfg, results))
     for line in report.unpriced(cfg, world, os.cpu_count() or 1):
         console.print(f"not priced: {line}")
-    ranks = report_wait.render(cfg, results, console)
+    if loaded := unsteady(probes):          # the table's step-time error is then the load's as much as the model's
+        console.print(f"not held: {loaded}")
+    ranks = report_wait.render(cfg, results, tables)
     train_log.saves(results, console)
     if not (path or args.pipeline_plot or args.html_report):
         return

@@ -4,27 +4,35 @@
 from __future__ import annotations
 
 import argparse
-import math
+
+from ringzero.plan.units import Link, parse_link
 
 def _pipeline_cost(text: str | None) -> tuple[float, float] | None:
+    """'FWD_MS,BWD_MS' -> (forward, backward) seconds; a bad one is refused here, in the
+    milliseconds it was typed in, not in the seconds the config holds."""
     if text is None:
         return None
     try:
-        fwd, bwd = (float(x) / 1e3 for x in text.split(","))
+        ms = [float(x) for x in text.split(",")]
     except ValueError:
-        raise ValueError(f"--pipeline-cost {text!r}: give forward and backward milliseconds, e.g. 20,40") from None
-    return fwd, bwd
+        ms = []
+    if len(ms) != 2 or not all(0 <= x < float("inf") for x in ms):
+        raise ValueError(f"--pipeline-cost {text!r}: give forward and backward milliseconds >= 0, e.g. 20,40")
+    return ms[0] / 1e3, ms[1] / 1e3
 
 
-def inter_node_link(text: str) -> tuple[float, float]:
-    """'GBPS[,LATENCY_US]' -> (GB/s, µs), or a one-line error."""
-    try:
-        parts = [float(x) for x in text.split(",")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or not all(math.isfinite(x) for x in parts) or parts[0] <= 0 or min(parts) < 0:
-        raise ValueError(f"--emulate-inter-node {text!r}: give GB/s > 0 and optionally latency µs >= 0, e.g. 1 or 1,20")
-    return parts[0], parts[1] if len(parts) == 2 else 0.0
+def inter_node_link(value) -> tuple[float, float]:
+    """--emulate-inter-node's `plan.units.Link` (or its text, 'BW[,LATENCY_US]') -> (GB/s, µs), the
+    form `TrainConfig.emulate_inter_node` takes; a bad text is a one-line error."""
+    link = value if isinstance(value, Link) else parse_link(value, "--emulate-inter-node")
+    return link.gbps, link.latency_us
+
+
+def emulated(args: argparse.Namespace) -> str:
+    """', cross-node messages over an emulated 10 Gbit/s, 20 µs per message link': the start line's
+    echo of --emulate-inter-node, in the unit it was given in ('' without it)."""
+    link = getattr(args, "emulate_inter_node", None)
+    return "" if link is None else f", cross-node messages over an emulated {link} link"
 
 
 def straggler(text: str) -> tuple[int, float]:

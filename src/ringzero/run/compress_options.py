@@ -54,6 +54,17 @@ def start(cfg) -> int:
     return c.compress_start if c.compress_start is not None else int(DEFAULT_START_SHARE * cfg.training.steps)
 
 
+def no_op_cast(cfg) -> str | None:
+    """What an fp16 / bf16 cast does to gradients that are already 16-bit (--precision bf16 or fp16
+    keeps them in that type): "same" when they are already of the cast's type (a no-op), "width"
+    when of the other 16-bit type (as many bytes, rounded), None when the cast halves them (fp32)
+    or the scheme is not a cast."""
+    scheme, precision = cfg.compress.compress, cfg.optim.precision
+    if scheme not in ("fp16", "bf16") or precision not in ("fp16", "bf16"):
+        return None
+    return "same" if scheme == precision else "width"
+
+
 def gpt_matrices(shape) -> list[tuple[int, int]]:
     """ringzero's GPT's weight matrices as PowerSGD views them (rows, cols): the token and position
     tables, and per block qkv, the attention projection and the MLP's two (unsplit by tp)."""

@@ -39,7 +39,7 @@ from ringzero.run.fields import FieldError
 from ringzero.run.gpt_shape import ATTENTIONS
 from ringzero.run.kind import RunKind
 from ringzero.run.model_options import TRAINABLE, ModelConfig
-from ringzero.run.optim_options import OptimConfig
+from ringzero.run.optim_options import LR_SCHEDULES, OptimConfig
 from ringzero.run.parallel_options import ALGORITHMS, STRATEGIES, TRANSPORTS, ParallelConfig
 from ringzero.run.ps_options import ServerConfig
 from ringzero.run.trace_options import TraceConfig
@@ -69,7 +69,7 @@ def choices() -> dict[str, tuple[str, ...]]:
             "recompute": RECOMPUTES, "attention": ATTENTIONS, "comm_algorithm": ALGORITHMS,
             "offload_optimizer": zero_options.OFFLOADS, "offload_params": zero_options.OFFLOADS,
             "ps_mode": ps_options.MODES, "model": TRAINABLE, "compress": compress_options.SCHEMES,
-            "transport": TRANSPORTS}
+            "transport": TRANSPORTS, "lr_schedule": tuple(LR_SCHEDULES)}
 
 
 @dataclass(frozen=True, init=False)

@@ -3,6 +3,11 @@ take), and the checks every section of `TrainConfig` makes of its own fields wit
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
+
 
 class FieldError(ValueError):
     """A field of `TrainConfig` holds a value it cannot take; `.field` names it."""
@@ -35,3 +40,20 @@ def choice(section, name: str, allowed: tuple[str, ...], field: str | None = Non
     value, field = getattr(section, name), field or name
     if value not in allowed:
         raise FieldError(field, f"{field} {value!r} is not supported; allowed: {', '.join(allowed)}")
+
+
+@functools.cache
+def docs(cls: type) -> dict[str, str]:
+    """Each field of the dataclass `cls` with the docstring written under it, on one line: Python
+    keeps no attribute docstrings at run time, so they are read from the class's source (what the
+    command line shows as the field's help). {} when the source cannot be read."""
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    out = {}
+    for stmt, after in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and isinstance(after, ast.Expr) \
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+            out[stmt.target.id] = " ".join(after.value.value.split())
+    return out

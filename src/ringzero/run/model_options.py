@@ -19,14 +19,15 @@ TRAINABLE = tuple(name for name, shape in MODELS.items() if trainable(shape))
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     name: str = "nano"
-    """Model preset (ringzero's own GPTs: nano, micro; or gpt2, which is slow on a CPU); `--model`."""
+    """Model preset: ringzero's own GPTs nano and micro, or gpt2 and larger (slow on a CPU)."""
     seq: int | None = None
-    """Sequence length (None: the preset's)."""
+    """Sequence length in tokens, which are bytes (None: the preset's)."""
     layers: int | None = None
-    """Number of blocks (None: the preset's)."""
+    """Transformer blocks of the model (None: the preset's)."""
     attention: str = "eager"
     """"eager" (materialises the s x s scores) or "sdpa" (torch's fused attention)."""
     dropout: float = 0.0
+    """Probability of zeroing an activation in training, in [0, 1) (0: no dropout op at all)."""
 
     def __post_init__(self) -> None:
         choice(self, "name", TRAINABLE, field="model")

@@ -42,7 +42,10 @@ class ParallelConfig:
     """Synthetic costs: a stage's forward and backward of one micro-batch last at least these
     seconds (padded by a sleep), so the schedule, not the shared cores, sets the timing."""
     bucket_mb: float = 1.0
+    """MiB of gradients reduced by one collective (DDP's bucket_cap_mb): buckets overlap backward."""
     comm_algorithm: str = "auto"
+    """The gradients' all-reduce algorithm (`comm.registry`): auto, the fastest the cost model
+    predicts for each bucket; torch, the backend's own."""
     ranks_per_node: int | None = None
     """Emulated nodes of this many consecutive ranks (None: one node): where ZeRO++'s blocks fall,
     which bytes the meter calls cross-node, and which messages `emulate_inter_node` delays."""

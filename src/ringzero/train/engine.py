@@ -38,6 +38,7 @@ from ringzero.train import memory_use
 from ringzero.train.tracing import Seat, Tracer
 from ringzero.twin.rates import median_rates
 from ringzero.comm.kinds import tagged
+from ringzero.plan.comm.kinds import LOSS
 
 
 class Trainer:
@@ -110,7 +111,7 @@ class Trainer:
         before, hooked = float(self.scaler.scale), st.comm_hook.active
         self.scaler.update(out["skipped"])
         if out["skipped"]:
-            timeline.instant("skipped step", step=step, loss_scale=float(self.scaler.scale))
+            timeline.instant("skipped step", step=step + 1, loss_scale=float(self.scaler.scale))
         st.settle(out["skipped"], float(self.scaler.scale) / before)   # a residual follows the loss scale
         spent = st.comm_hook.take_compute()
         res.compress_s.append(spent if hooked else None)
@@ -124,7 +125,7 @@ class Trainer:
         ph["comm"] += out["comm_s"]
         return ph, sum(losses) / len(losses) if losses else 0.0
 
-    @tagged('loss')
+    @tagged(LOSS)
     def _mean_over_ranks(self, value: float) -> float:
         """The mean over the dp ranks of `value` (a pipeline's: the last stage's)."""
         t, queue = torch.tensor([value], dtype=torch.float64), self.replica.queue
@@ -160,10 +161,10 @@ class Trainer:
         rates = offload_probe.measure(self.opt) if c.zero.offload_optimizer != "none" else None
         tracer = Tracer(c, Seat.of_grid(self.topo), span.start)
         for step in range(span.start, c.training.steps):
-            tracer.begin(step)
             if step in points:
                 with timeline.span("probe", "probe", step=step):
                     res.probes.append({"step": step, "at_s": time.perf_counter() - start, **prober()})
+            tracer.begin(step)          # last: the ranks it lets go start the step together
             t0 = time.time()
             ph, loss = span.timed(self.step, step, res, totals)
             t1 = time.time()

@@ -136,15 +136,16 @@ def render(cfg: TrainConfig, world: int, results: list[RankResult], console) -> 
     return {"twins": {t.name: t.to_json() for t in rows}, "ranks": per_rank, "imbalance": eps}
 
 
-def report(cfg: TrainConfig, world: int, results: list[RankResult], path: str | None, console) -> None:
-    """`ringzero train --strategy ps`'s output: the validation losses, `render`, and the JSON report
-    (`report.header`'s keys, as every run's, then the twins, the ranks and the imbalance)."""
+def report(cfg: TrainConfig, world: int, results: list[RankResult], path: str | None, console, tables=None) -> None:
+    """`ringzero train --strategy ps`'s output: the validation losses, `render` (on `tables`, when
+    another console: --quiet's, which shows nothing), and the JSON report (`report.header`'s keys,
+    as every run's, then the twins, the ranks and the imbalance)."""
     import json
 
     from ringzero import outputs
     from ringzero.twin.report import header, validation_line
     console.print(validation_line(cfg, results[0].val))
-    data = render(cfg, world, results, console)
+    data = render(cfg, world, results, console if tables is None else tables)
     if path:
         outputs.write_text(path, json.dumps({**header(cfg, world, results), **data}, indent=1))
         console.print(f"wrote {path}")

@@ -8,8 +8,10 @@ as named. Memory, activations and bytes on the wire are exact formulas of the co
 
 Step time is predicted from the planner's counts and the rates the in-run probes measured
 (`twin.step`, which says how each phase is priced). The step's phases are rows of their
-own, predicted and measured, and add up to the step: what the measured step spent outside every
-phase is the row "rest of the step" (predicted 0: the planner has no such term). With an injected
+own, predicted and measured: what a measured step spent outside every phase is the row "rest of the
+step" (predicted 0: the planner has no such term), so that each step's phases and rest add up to
+it; the rows show the medians over the steady steps of each (medians do not add, so the measured
+rows add up to the step's median only about). With an injected
 straggler the rank shown is the straggler (the busiest by construction: every rank's synchronous
 step lasts as long as its), whose extra compute is its own row.
 """
@@ -28,7 +30,7 @@ from ringzero.twin import pipeline as pipe
 from ringzero.run.config import TrainConfig
 from ringzero.run.result import RankResult
 from ringzero.twin.step import comm_seconds, step_seconds, unpriced
-from ringzero.twin.rates import pooled_flops
+from ringzero.twin.rates import pooled_flops, unsteady
 from ringzero.twin.simulated import simulated_step
 from ringzero.twin.twin import Twin
 from ringzero.twin import wait as report_wait
@@ -132,9 +134,9 @@ REST = "rest of the step (outside the phases above)"
 
 def phase_twins(cfg: TrainConfig, r: RankResult, steps: dict[str, float]) -> list[Twin]:
     """Rank `r`'s step, phase by phase (`predict_step.step_seconds`' `steps` beside its medians),
-    each in one row only, so that the rows add up to the step time: the predicted ones to the
-    predicted step, the measured ones with `REST` (the step's time outside every phase) to the
-    measured step."""
+    each in one row only: the predicted rows add up to the predicted step; the measured ones, with
+    `REST` (the median of each step's time outside every phase, `RankResult.rest`), to each
+    measured step, their medians to about the median step."""
     ph = r.phases
     rows = [Twin("compute per step", steps["compute"], ph["forward"] + ph["backward"], "s")]
     if cfg.faults.straggler is not None:
@@ -144,7 +146,7 @@ def phase_twins(cfg: TrainConfig, r: RankResult, steps: dict[str, float]) -> lis
              Twin("optimizer per step", steps["optimizer"], ph["optimizer"], "s")]
     if cfg.parallel.pp > 1:
         rows.append(Twin("pipeline wait per step", steps["bubble"], ph["pipeline_wait"], "s"))
-    return rows + [Twin(REST, 0.0, r.step_time - sum(t.measured for t in rows), "s")]
+    return rows + [Twin(REST, 0.0, r.rest, "s")]
 
 
 def _stage_ranks(cfg: TrainConfig, world: int, results: list[RankResult]) -> list[RankResult]:
@@ -205,11 +207,12 @@ def to_json(cfg: TrainConfig, world: int, results: list[RankResult], rows: list[
     """The report as plain data (`probes`: `probe_summary`'s, when the caller has it already);
     `header`'s keys first."""
     r0, busiest, probed = results[0], _busiest(results, cfg), run_rates(results, cfg)
+    probes = probes or probe_summary(cfg, world, results)
     return {**header(cfg, world, results), "error_definition": ERROR_DEFINITION,
             "twins": {t.name: t.to_json() for t in rows}, "skipped_steps": r0.skipped,
             "predicted_phases": step_seconds(cfg, world, busiest.buckets, probed, busiest.sp_elements, busiest.rank),
-            "probe": probed, "probes": probes or probe_summary(cfg, world, results),
-            "unpriced": unpriced(cfg, world, os.cpu_count() or 1),
+            "probe": probed, "probes": probes,
+            "unpriced": unpriced(cfg, world, os.cpu_count() or 1), "not_held": unsteady(probes),
             "communication_model": comm_seconds(cfg, world, busiest.buckets, probed, busiest.sp_elements,
                                                 busiest.rank)["source"],
             "alpha_beta_gamma_comm_s": predict.comm_seconds(cfg, world, busiest.buckets, busiest.sp_elements,
