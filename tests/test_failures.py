@@ -75,6 +75,7 @@ from ringzero import comm, launch
 from ringzero.watchdog import WatchdogPolicy
 
 def job():
+    dist.barrier()        # torch's, unwatched: a rank started seconds late under load is not the stall
     for k in range(50):
         if dist.get_rank() == 1 and k == 3:
             time.sleep(3600)                     # alive, never arrives
