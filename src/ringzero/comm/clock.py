@@ -23,6 +23,15 @@ TAG = 47
 beside the servers' own tags)."""
 
 
+def _taking_part(group, members: list[int] | None) -> tuple[list[int], torch.device]:
+    """The global ranks that take part (`group`'s, or its `members` only) and the device their
+    messages live on (NCCL's: the current GPU)."""
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    ranks = [ranks[m] for m in members] if members is not None else ranks
+    nccl = dist.get_backend(group) == "nccl"
+    return ranks, torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+
 def offsets(group=None, members: list[int] | None = None) -> list[dict]:
     """For every rank of `group` (in group order; a collective call, every member calls it), or of
     its `members` only (group ranks; they alone call it): {"offset_s": its clock minus the first
@@ -30,11 +39,9 @@ def offsets(group=None, members: list[int] | None = None) -> list[dict]:
     process group: one rank, itself."""
     if not dist.is_initialized():
         return [{"offset_s": 0.0, "error_s": 0.0}]
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    ranks = [ranks[m] for m in members] if members is not None else ranks
+    ranks, device = _taking_part(group, members)
     tag = TAG if members is not None else 0
     me = dist.get_rank()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
     buf = torch.zeros(2, dtype=torch.float64, device=device)
     out = [{"offset_s": 0.0, "error_s": 0.0} for _ in ranks]
     for i, peer in enumerate(ranks[1:], start=1):
@@ -75,9 +82,7 @@ def meet(group=None, members: list[int] | None = None) -> None:
     if members is None:
         dist.barrier(group=group)
         return
-    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-    ranks = [ranks[m] for m in members]
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+    ranks, device = _taking_part(group, members)
     token = torch.zeros(1, device=device)
     if dist.get_rank() == ranks[0]:          # every member has arrived before the first lets any go
         for peer in ranks[1:]:
